@@ -265,7 +265,10 @@ def test_no_network_error_says_what_to_do_naming_the_data_dir_searched(monkeypat
         assert str(e.value).startswith(
             f"{REGISTRY[name].filename} is not in {where}, and could not download "
         )
-        assert "put the file there, or in the cache (ELECTRA_CACHE_DIR)" in str(e.value)
+        assert (
+            f"put the file there, or in the cache as {registry.default_cache_dir() / REGISTRY[name].filename}"
+            in str(e.value)
+        )
         assert "pass data_dir" not in str(e.value)
     monkeypatch.setenv("ELECTRA_DATA_DIR", str(given))
     with pytest.raises(DownloadError, match=f"is not in {given}, and could not download"):
@@ -356,7 +359,7 @@ def test_a_cache_that_cannot_be_written_is_said_before_downloading(tmp_path):
     finally:
         cache.chmod(0o755)
     assert empty.returncode == 1 and empty.stderr.startswith(
-        f"DownloadError: cannot write to the data cache {cache}: Permission denied: {cache}/.a.txt.pid"
+        f"DownloadError: cannot write to the data cache {cache}: Permission denied: {cache}; set"
     ), empty.stderr
     assert corrupt.returncode == 1 and corrupt.stderr.startswith(
         f"DownloadError: cannot remove the corrupt {cache}/a.txt from the data cache {cache}: Permission denied"

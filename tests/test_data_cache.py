@@ -82,6 +82,32 @@ def test_what_a_killed_run_was_building_goes_and_a_live_ones_stays(cache, small_
     assert (cache / f".tokenizer-pid{os.getpid()}-def").is_dir()
 
 
+def test_cached_shards_cut_short_are_made_again_saying_so(
+    cache, small_corpus, small_tokenizer, tmp_path, capsys
+):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(small_tokenizer))
+    built = []
+
+    def build(directory):
+        built.append(directory)
+        return build_shards(read_corpus(str(small_corpus), "train"), tok, 64, directory)
+
+    first = derived.shards("wikitext2", "train", tok, 64, "packed", tmp_path / "a" / "train", build)
+    tokens = next(cache.glob("shards-*")) / "tokens.bin"
+    whole = tokens.read_bytes()
+    tokens.unlink()  # not truncated in place: run a holds it through its link
+    tokens.write_bytes(whole[:-64])
+    again = derived.shards("wikitext2", "train", tok, 64, "packed", tmp_path / "b" / "train", build)
+    assert len(built) == 2 and (again.rows, again.tokens) == (first.rows, first.tokens)
+    assert (tmp_path / "b/train/tokens.bin").read_bytes() == whole
+    said = capsys.readouterr().out
+    # Said once, as what the cache does about it: not "delete it and run the same command again" as well.
+    assert f"cache: the tokenized data in {tokens.parent} is damaged (tokens.bin has " in said
+    assert said.count("making it again") == 1 and "delete" not in said
+
+
 def test_shards_are_built_once_and_each_run_gets_its_own_copy(cache, small_corpus, small_tokenizer, tmp_path):
     from tokenizers import Tokenizer
 

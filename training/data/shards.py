@@ -52,6 +52,16 @@ class ShardsError(ValueError):
     fit): the message says what to change."""
 
 
+class DamagedShards(ShardsError):
+    """check_complete's: `damage` says what is wrong, without the advice to delete and rerun (the cache,
+    which makes them again itself, says that part its own way)."""
+
+    def __init__(self, damage: str, directory: Path) -> None:
+        super().__init__(f"{damage}; delete {directory} and run the same command again: it is made again from "
+                         "the corpus")  # fmt: skip
+        self.damage = damage
+
+
 @dataclass(frozen=True)
 class ShardInfo:
     path: str
@@ -241,8 +251,7 @@ def check_complete(directory: str | os.PathLike[str]) -> ShardInfo:
         if have == want:
             return info
         problem = f"{TOKENS_FILE} has {have:,} bytes where {META_FILE} counts {want:,}"
-    raise ShardsError(f"the tokenized data in {directory} is damaged ({problem}); delete {directory} and run the "
-                      "same command again: it is made again from the corpus")  # fmt: skip
+    raise DamagedShards(f"the tokenized data in {directory} is damaged ({problem})", directory)
 
 
 def _replace_dir(new: Path, target: Path) -> None:
