@@ -217,6 +217,18 @@ def seeds(text: str) -> tuple[int, ...]:
     return values
 
 
+def shell_words(text: str) -> str:
+    """Flags passed on to another command, as one text a shell would split (--pretrain-args='--lr 1e-3'):
+    kept as given, refused here where it does not split (an unbalanced quote was a traceback later)."""
+    import shlex
+
+    try:
+        shlex.split(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} in {text!r}: close the quote, or escape it") from None
+    return text
+
+
 def positive_ints_or_none(text: str) -> tuple[int, ...]:
     """positive_ints, where an empty text means none: '--rss-mb ""' leaves a figure out."""
     return positive_ints(text) if text.strip() else ()

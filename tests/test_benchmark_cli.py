@@ -192,6 +192,11 @@ REFUSED = [
     ("benchmarks.quality.step_curves", ["--steps", "0"]),
     ("benchmarks.quality.step_curves", ["--eval-every", "-5"]),
     ("benchmarks.quality.step_curves", ["--threads", "0"]),
+    # An unbalanced quote in flags passed on: a ValueError traceback (No closing quotation).
+    ("benchmarks.quality.electra_vs_mlm", ["--pretrain-args", "--lr 'x"]),
+    ("benchmarks.quality.electra_vs_mlm", ["--finetune-args", "--lr 'x"]),
+    ("benchmarks.quality.generator_size", ["--pretrain-args", "--lr 'x"]),
+    ("benchmarks.gpucheck.__main__", ["--out", MISSING, "--claim-pretrain-args", "--lr 'x"]),
     ("benchmarks.load.bulk_aging", ["--orders", "0,-5"]),
     ("benchmarks.load.bulk_aging", ["--orders", "0,default,0"]),
     ("benchmarks.load.bulk_aging", ["--seconds", "0"]),
@@ -253,6 +258,20 @@ REFUSED = [
 )
 def test_bad_arguments_are_refused_while_parsing(module, argv, capsys):
     refused_while_parsing(module, argv, capsys)
+
+
+def test_step_curves_trains_on_the_config_it_checked_from_any_directory(tmp_path, monkeypatch):
+    """Its check read --config from the current directory, its runs from the repository's: the default was
+    refused outside the repository, and a user's configs/tiny.toml was checked, then the repository's ran."""
+    from benchmarks.quality import step_curves
+
+    monkeypatch.chdir(tmp_path)
+    args = step_curves.parse_args(["--out", str(tmp_path / "o")])
+    assert args.config == str(REPO / "configs" / "mini.toml")
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "tiny.toml").write_text((REPO / "configs" / "tiny.toml").read_text())
+    args = step_curves.parse_args(["--config", "configs/tiny.toml", "--out", str(tmp_path / "o")])
+    assert args.config == str(tmp_path / "configs" / "tiny.toml")
 
 
 def test_an_engine_shape_past_the_models_positions_is_refused_before_any_timing(tmp_path, capsys):

@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--claim-pflop", type=cli.positive_float, help="training PFLOP per encoder in the claim step "
                    "(default 10, i.e. 1e16 FLOPs; --quick: 2e-5)")  # fmt: skip
-    p.add_argument("--claim-pretrain-args", default="", help="more training.pretrain flags for the claim's "
+    p.add_argument("--claim-pretrain-args", type=cli.shell_words, default="", help="more training.pretrain flags for the claim's "
                    "two runs, after the mode's own: --claim-pretrain-args='--batch-size 1024 --lr 2e-3'")  # fmt: skip
     p.add_argument("--embedding-grads", choices=EMBEDDING_GRADS, default="aten", help="the embedding tables' "
                    "gradients in every training run the call starts, pretraining and fine-tuning, the claim's "

@@ -105,6 +105,7 @@ CUDA_JOBS = 8
 POINT_DENOMINATOR = 100  # points are read as k/d, d <= this: each run is a whole multiple of d steps
 
 
+REPO = Path(__file__).resolve().parents[2]
 # (flag, type, default, help); --budget-pflop and --minutes exclude each other.
 OPTIONS = [
     ("--work", str, "runs/electra_vs_mlm", "the tokenizer, pretraining runs and fine-tuned models go here"),
@@ -112,8 +113,9 @@ OPTIONS = [
     ("--minutes", cli.positive_float, None, "budget = this many minutes of ELECTRA training at a quickly measured speed"),
     ("--points", str, "0.25,0.5,1", "fractions of the budget where each run's checkpoint is fine-tuned; the "
      "largest is 1"),
-    ("--model-config", str, "configs/mini.toml", "pretraining TOML: shape, batch, lr, masking, ..."),
-    ("--pretrain-args", str, "", "more training.pretrain flags for both runs: --pretrain-args='--num-layers 4'"),
+    ("--model-config", str, str(REPO / "configs" / "mini.toml"), "pretraining TOML: shape, batch, lr, masking, ... "
+     "(default: the repository's configs/mini.toml)"),
+    ("--pretrain-args", cli.shell_words, "", "more training.pretrain flags for both runs: --pretrain-args='--num-layers 4'"),
     ("--warmup-fraction", cli.non_negative_float, 0.1, "warmup steps as a share of each run's steps"),
     ("--mlm-masking", str, "config", "config: ELECTRA's masking (as google-research/electra's own BERT "
      "baseline); bert: 80%% [MASK], 10%% random, 10%% kept"),
@@ -122,7 +124,7 @@ OPTIONS = [
     ("--seeds", cli.seeds, "1,2,3", "comma-separated fine-tuning seeds"),
     ("--finetune-epochs", int, 2, "epochs of every fine-tuning run"),
     ("--finetune-lr", cli.positive_float, 3e-4, "peak learning rate of every fine-tuning run"),
-    ("--finetune-args", str, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
+    ("--finetune-args", cli.shell_words, "", "more training.finetune flags: --finetune-args='--batch-size 16'"),
     ("--data-dir", cli.existing_dir, None, "directory holding the registry files, e.g. ../shared/data"),
     ("--jobs", int, None, f"runs at a time, each its own process and log (default 1 on CPU, {CUDA_JOBS} on CUDA)"),
     ("--threads", int, None, "torch threads of every run, and of the probes after them (default: all cores, "

@@ -59,6 +59,8 @@ RESERVED = ("--generator-fraction", "--out", "--tokenizer", "--max-steps", "--wa
 # Evaluation, data loading and checkpoints take part of the wall time that the step timing does not see.
 STEP_SHARE = 0.9
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,8 +70,11 @@ def parse_args(argv):
     p.add_argument(
         "--minutes", type=cli.positive_float, default=30.0, help="wall time of every arm (they run at once)"
     )
-    p.add_argument("--model-config", default="configs/default.toml", help="the from-scratch recipe")
-    p.add_argument("--pretrain-args", default="", help="more training.pretrain flags for every arm")
+    p.add_argument("--model-config", default=str(REPO / "configs" / "default.toml"),
+                   help="the from-scratch recipe (default: the repository's configs/default.toml)")  # fmt: skip
+    p.add_argument(
+        "--pretrain-args", type=cli.shell_words, default="", help="more training.pretrain flags for every arm"
+    )
     p.add_argument(
         "--warmup-fraction",
         type=cli.non_negative_float,

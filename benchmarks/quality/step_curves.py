@@ -43,7 +43,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--baseline-rev", default="ba7f3c1", help="the revision to compare with (default: the "
                    "step before issue 44)")  # fmt: skip
-    p.add_argument("--config", default="configs/mini.toml", help="the pretraining config both arms run")
+    p.add_argument("--config", default=str(REPO / "configs" / "mini.toml"),
+                   help="the pretraining config both arms run (default: the repository's configs/mini.toml)")  # fmt: skip
     p.add_argument(
         "--seeds", type=cli.seeds, default="1,2,3", help="comma-separated seeds, each run by both arms"
     )
@@ -67,6 +68,9 @@ def parse_args(argv):
     args = p.parse_args(argv)
     out.settle(p, args)
     args.seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run per arm
+    # From here, as checked: the runs start in other directories (the baseline's worktree), and read the
+    # repository's file of that name where the user's own was checked from the current directory.
+    args.config = str(Path(args.config).resolve())
     return args
 
 
@@ -85,7 +89,7 @@ def train(arm: str, tree: Path, seed: int, tokenizer: Path, args, work: Path) ->
     state = latest_state(run)
     if state is not None and state["step"] >= args.steps:
         return run
-    cmd = [sys.executable, "-m", "training.pretrain", "--config", str((REPO / args.config).resolve()),
+    cmd = [sys.executable, "-m", "training.pretrain", "--config", args.config,
            "--out", str(run), "--seed", str(seed), "--max-steps", str(args.steps), "--eval-every",
            str(args.eval_every), "--save-every", str(args.eval_every), "--tokenizer", str(tokenizer.resolve())]  # fmt: skip
     cmd += ["--data-dir", str(Path(args.data_dir).resolve())] if args.data_dir else []
