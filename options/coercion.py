@@ -28,9 +28,11 @@ def _optional(annotation) -> bool:
     return type(None) in typing.get_args(annotation)
 
 
-def coerce(name: str, value, annotation, source: str | None = None):
-    """`value` (a flag's or variable's string, or a TOML value) as the option's type."""
+def coerce(name: str, value, annotation, source: str | None = None, secret: bool = False):
+    """`value` (a flag's or variable's string, or a TOML value) as the option's type. A `secret` option's
+    value is not repeated in the error (an API key given as a TOML number was printed whole)."""
     where = source or flag(name)
+    shown = "(value not shown: the option is secret)" if secret else repr(value)
     kind = _kind(annotation)
     if value is None or (isinstance(value, str) and _optional(annotation) and _unset(value, kind)):
         if _optional(annotation):
@@ -43,34 +45,32 @@ def coerce(name: str, value, annotation, source: str | None = None):
             return True
         if str(value).strip().lower() in FALSE:
             return False
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {shown}")
     if kind is tuple:
         if not isinstance(value, (str, list, tuple)):  # a TOML number or table
-            raise ConfigError(f"{where}: expected a list or comma-separated text, got {value!r}")
+            raise ConfigError(f"{where}: expected a list or comma-separated text, got {shown}")
         items = value.split(",") if isinstance(value, str) else list(value)
         kept = tuple(str(v).strip() for v in items if str(v).strip())
         if not kept and isinstance(value, str) and value.strip():  # "," is a typo, not "none"
-            raise ConfigError(
-                f"{where}: {value!r} lists nothing; leave it empty for none, or give the values"
-            )
+            raise ConfigError(f"{where}: {shown} lists nothing; leave it empty for none, or give the values")
         return kept
     if kind is Path:
         if not isinstance(value, (str, Path)) or str(value) == "":  # Path("") would be the current directory
-            raise ConfigError(f"{where}: expected a path, got {value!r}")
+            raise ConfigError(f"{where}: expected a path, got {shown}")
         return expand_user(Path(value), where)
     if kind in (int, float):
         if isinstance(value, bool) or (isinstance(value, float) and kind is int):
-            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}")
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {shown}")
         try:
             number = kind(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {kind.__name__}, got {value!r}") from None
+            raise ConfigError(f"{where}: expected {kind.__name__}, got {shown}") from None
         if not math.isfinite(number):  # nan passes every comparison a check makes; inf waits forever
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+            raise ConfigError(f"{where}: expected a finite number, got {shown}")
         return number
     if kind is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{where}: expected text, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{where}: expected text, got {type(value).__name__} {shown}")
         return value
     raise TypeError(f"{name}: options of type {annotation} are not supported")
 

@@ -172,7 +172,7 @@ def _flags(cls, argv, prog, description, config_file) -> tuple[argparse.Namespac
     for f in dataclasses.fields(cls):
         given = getattr(args, f.name)
         if given is not None:
-            flags[f.name] = coerce(f.name, given, hints[f.name])
+            flags[f.name] = coerce(f.name, given, hints[f.name], secret=spec_of(f).secret)
             _check_choice(f, flags[f.name])
     return args, flags
 

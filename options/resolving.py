@@ -59,7 +59,7 @@ def resolve(
     given: dict[str, str] = {}  # option -> where its value came from, for `sources`
     for key, value in (base or {}).items():
         if key in fields:  # a saved config may hold options a later version dropped
-            values[key] = coerce(key, value, hints[key], f"{key} (saved config)")
+            values[key] = coerce(key, value, hints[key], f"{key} (saved config)", spec_of(fields[key]).secret)
             given[key] = "the saved config"
     if config_file and args.config:
         path = Path(args.config)
@@ -75,14 +75,15 @@ def resolve(
             if isinstance(value, str) and value.strip() and kind in (int, float, bool) and not unset:
                 # TOML has numbers and booleans: a quoted one is a slip (and "false" would read as true
                 # to anything else that reads the file).
-                raise ConfigError(f"{path}: {key}: expected {kind.__name__}, got the text {value!r}; write it "
-                                  "without quotes")  # fmt: skip
-            values[key] = coerce(key, value, hints[key], f"{path}: {key}")
+                shown = "text" if spec_of(fields[key]).secret else f"the text {value!r}"
+                raise ConfigError(f"{path}: {key}: expected {kind.__name__}, got {shown}; write it without "
+                                  "quotes")  # fmt: skip
+            values[key] = coerce(key, value, hints[key], f"{path}: {key}", spec_of(fields[key]).secret)
             given[key] = str(path)
     for name, f in fields.items():
         var = spec_of(f).env
         if var and var in env:
-            values[name] = coerce(name, env[var], hints[name], var)
+            values[name] = coerce(name, env[var], hints[name], var, spec_of(f).secret)
             given[name] = var
     values.update(flags)
     given.update({name: flag(name) for name in flags})

@@ -477,6 +477,13 @@ def test_settings_that_start_a_server_no_client_can_use_are_refused_or_mended(tm
     ]:
         with pytest.raises(ConfigError, match=says):
             settings(argv, **env)
+    # A secret's value is not repeated in the error (the declarations promise it is never printed).
+    (tmp_path / "key.toml").write_text("api_key = 9876123\n")
+    (tmp_path / "saved.json").write_text('{"api_key": 9876123}')
+    for argv in (("--config", str(tmp_path / "key.toml")), ("--config", str(tmp_path / "saved.json"))):
+        with pytest.raises(ConfigError, match="api_key: expected text") as refused:
+            settings(argv)
+        assert "9876123" not in str(refused.value) and "not shown" in str(refused.value)
 
 
 def test_a_mistyped_variable_warns_and_the_data_tools_variables_do_not():
