@@ -128,6 +128,8 @@ class BulkConfig:
             raise ConfigError("INPUT must not be empty: give a file, a directory or a quoted glob")
         if not self.text_field:
             raise ConfigError(f"{flag('text_field')} must not be empty")
+        if not self.model.strip():  # --models itself, read as a bundle: "models/model.onnx: missing"
+            raise ConfigError(f"{flag('model')} must not be empty: name a bundle under --models")
         if self.ray is not None and self.ray.strip().lower() == "none":  # no address: a word said on purpose
             object.__setattr__(self, "ray", None)  # saved so in config.json: its rerun is local too
         if self.ray is not None:

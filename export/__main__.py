@@ -50,6 +50,10 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
     check_read(cfg)
     if not cfg.out.strip():  # an unset $OUT: made absolute, it named the current directory, replaced whole
         raise options.ConfigError("--out is empty: name a directory for the bundle")
+    if not cfg.checkpoint.strip():  # an unset $RUN: the current directory's checkpoint, exported in silence
+        raise options.ConfigError(
+            "CHECKPOINT is empty: name a run, checkpoint or Hugging Face ELECTRA directory"
+        )
     # Absolute from here on: `--out .` has no name to build the bundle beside, and the Triton model's name,
     # the messages and export_config.json then all name one directory. Links are kept (abspath, not
     # resolve): write_atomically replaces the directory a link points to.

@@ -34,6 +34,10 @@ def coerce(name: str, value, annotation, source: str | None = None, secret: bool
     where = source or flag(name)
     shown = "(value not shown: the option is secret)" if secret else repr(value)
     kind = _kind(annotation)
+    if any("\0" in str(v) for v in (value if isinstance(value, (list, tuple)) else [value])):
+        # Only a TOML or JSON file can hold one (a command line cannot): a path with it was a ValueError
+        # traceback ("embedded null byte") from the first system call that took it.
+        raise ConfigError(f"{where}: holds a NUL character (\\u0000), which no path, name or setting may")
     if value is None or (isinstance(value, str) and _optional(annotation) and _unset(value, kind)):
         if _optional(annotation):
             return None

@@ -525,6 +525,7 @@ def test_a_parquet_file_with_an_unnamed_column_is_read_as_any_other(tmp_path):
 
 @pytest.mark.parametrize("argv, says", [
     (["", "--out", "o", "--model", "m"], "INPUT must not be empty"),
+    (["in", "--out", "o", "--model", " "], "--model must not be empty: name a bundle under --models"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "nan"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "inf"], "--part-mb: expected a finite number"),
     (["in", "--out", "o", "--model", "m", "--part-mb", "0"], "--part-mb must be > 0"),

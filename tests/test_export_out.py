@@ -100,6 +100,8 @@ def test_an_out_that_is_or_holds_the_current_directory_or_is_empty_is_refused(tm
     err = _refused([run, "--out", "..", "--force", *FAST], capsys)
     assert f"--out {tmp_path / 'work'} is a directory above the current one" in err, err
     assert "--out is empty: name a directory for the bundle" in _refused([run, "--out", "", *FAST], capsys)
+    # An unset $RUN exported the current directory's checkpoint, without a word.
+    assert "CHECKPOINT is empty" in _refused(["", "--out", str(tmp_path / "b"), *FAST], capsys)
     # The Triton model directory is replaced whole too (--triton REPO holds REPO/<out's name>).
     err = _refused([run, "--out", str(tmp_path / "here"), "--triton", str(tmp_path / "work"), *FAST], capsys)
     assert f"--triton {here} is the current directory" in err, err

@@ -560,6 +560,15 @@ def test_an_empty_out_is_refused_not_trained_into_the_current_directory(
     refused(tiny("", small_corpus, small_tokenizer), "--out: must not be empty")
     with pytest.raises(options.ConfigError, match="--out: must not be empty"):
         options.resolve(PretrainConfig, ["--out", ""], env={})
+    # So was an empty --tokenizer: the current directory's tokenizer.json, read in silence.
+    with pytest.raises(options.ConfigError, match='--tokenizer: must not be empty; "train" trains one'):
+        options.resolve(PretrainConfig, ["--out", str(tmp_path / "run"), "--tokenizer="], env={})
+
+
+def test_a_nul_character_in_a_config_files_value_is_refused_naming_it(tmp_path):
+    """Only a TOML or JSON file can carry one: a path holding it was a ValueError traceback."""
+    (config := tmp_path / "n.toml").write_text('out = "x\\u0000y"\ncorpus = ["a", "b\\u0000"]\n')
+    refused(["--config", str(config)], f"{config}: out: holds a NUL character")
 
 
 def test_out_of_no_such_users_home_exits_2_without_a_traceback(tmp_path):

@@ -161,6 +161,9 @@ class PretrainConfig(QuantizationOptions, OptimizerOptions, HardwareOptions):
         check_choices(self)
         if not self.out:  # Path("") is the current directory: the run's files would land among the user's
             raise ConfigError("--out: must not be empty; give the run directory (a new or empty one)")
+        if not self.tokenizer.strip():  # the current directory's tokenizer.json, read in silence
+            raise ConfigError('--tokenizer: must not be empty; "train" trains one on the corpus, or give a '
+                              "tokenizer.json, a vocab.txt or a directory holding one")  # fmt: skip
         check_homes(self, ("out", "corpus", *_PATH_OPTIONS))
         for name, value in absolute_paths(self.__dict__, (*_PATH_OPTIONS, *_DATA_DIR)).items():
             setattr(self, name, value)
