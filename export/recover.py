@@ -363,6 +363,9 @@ class RecoverConfig:
     """The options of `python -m export.recover` (options/: declared once, resolved as everywhere)."""
 
     SAVED_AS: ClassVar[str] = "recover_config.json"  # in --out, beside the checkpoint it writes
+    # Where that run wrote: a replay of its file names its own --out (it rewrote the first one in place,
+    # where pretraining, fine-tuning and export ask for one).
+    RUN_ONLY: ClassVar[tuple[str, ...]] = ("out",)
 
     bundle: Path = option(help="a detector bundle directory (model.onnx + manifest.json)", positional=True)
     out: Path = option(help="checkpoint directory to write (config.json, model.safetensors, tokenizer.json)")

@@ -145,6 +145,21 @@ def test_recovers_saved_paths_are_absolute_and_a_missing_bundle_is_named_so(tmp_
         recover(Path("nosuch"), Path("rec"))
 
 
+def test_a_replay_of_recovers_saved_options_asks_for_its_own_out(tmp_path):
+    """`--config r1/recover_config.json` rewrote r1 in place; the other entry points ask for a new --out."""
+    from export.recover import RecoverConfig
+    from options import ConfigError, resolve
+
+    (tmp_path / "b").mkdir()
+    saved = tmp_path / "r1" / "recover_config.json"
+    saved.parent.mkdir()
+    saved.write_text(json.dumps({"bundle": str(tmp_path / "b"), "out": str(saved.parent), "threads": 1}))
+    with pytest.raises(ConfigError, match=f"--out: required with --config {saved}.*give the new run's --out"):
+        resolve(RecoverConfig, ["--config", str(saved)], env={})
+    again = resolve(RecoverConfig, ["--config", str(saved), "--out", str(tmp_path / "r2")], env={})
+    assert (again.bundle, again.out, again.threads) == (tmp_path / "b", tmp_path / "r2", 1)
+
+
 def test_out_inside_a_runs_checkpoints_is_refused(tmp_path):
     """A bundle in a step directory went with it when the run pruned its old checkpoints."""
     from options import ConfigError
