@@ -34,6 +34,10 @@ class _DrainingServer(uvicorn.Server):
         self._leaving = False
 
     def handle_exit(self, sig, frame) -> None:
+        if self.should_exit and sig == signal.SIGINT:  # uvicorn's force quit: no waiting, no lifespan end
+            self._registry.quit_now()
+            super().handle_exit(sig, frame)
+            return
         # Only a server a balancer may be sending to waits out the delay: while the models load (or after
         # none could), /ready has answered 503 all along, and the delay would only hold a stop back.
         in_rotation = self.started and self._registry.state == "ready"
@@ -47,6 +51,15 @@ class _DrainingServer(uvicorn.Server):
             if self._registry.call_later(delay, self._drain_after_delay, sig, frame):
                 return
         self._drain(sig, frame)  # no delay, or a second signal: drain now
+
+    async def shutdown(self, sockets=None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit:
+            # uvicorn's force quit skips the lifespan's end, and the loop's teardown then cancelled it
+            # mid-close: a CancelledError traceback in the log. Closing the schedulers waits for nothing
+            # (quit_now has answered what was queued), so it still quits at once.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.lifespan.shutdown(), timeout=2.0)
 
     def _drain_after_delay(self, sig, frame) -> None:
         # A second signal drained already: uvicorn would take this call as a third, and exit at once

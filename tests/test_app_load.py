@@ -265,6 +265,45 @@ def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_
     assert "Traceback" not in s.log()
 
 
+def test_ctrl_c_twice_answers_the_queued_requests_json_503_and_exits_1(bundles_dir, tmp_path):
+    """uvicorn's force quit (a second Ctrl-C once the drain began) waits for nothing and skips the shutdown
+    that closes the schedulers: the queued requests were cancelled into plain-text 500s, with a traceback
+    each, and the process exited 0."""
+    flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "0")
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
+
+        def post(i: int) -> httpx.Response:
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                return c.post("/detect", json={"text": f"queued {i}"})
+
+        with ThreadPoolExecutor(3) as pool:
+            futures = [pool.submit(post, i) for i in range(3)]
+            wait_for(lambda: s.metric("electra_queue_depth", model="detector") == 3, what="3 admitted")
+            s.proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            s.proc.send_signal(signal.SIGINT)
+            answers = [f.result() for f in futures]
+        for r in answers:
+            assert r.status_code == 503 and r.headers["content-type"].startswith("application/json"), r.text
+            assert "Ctrl-C twice" in r.json()["error"]["message"] and r.headers.get("retry-after") == "5"
+        assert s.proc.wait(timeout=60) == 1, s.log()
+    assert "Traceback" not in s.log() and "Ctrl-C twice: 3 request(s) answered 503 unscored" in s.log()
+
+
+def test_a_request_still_tokenizing_when_the_server_stops_gets_the_503_of_a_stop_and_is_counted():
+    """One that reached the scheduler after the graceful timeout got a 503 with no retry-after, counted
+    nowhere: neither the log's count nor the exit status (0, "a complete drain") knew of it."""
+    from app.errors import AppError
+    from app.scheduling.lifecycle import Lifecycle
+
+    lifecycle = Lifecycle()
+    lifecycle.check_work()
+    lifecycle.stop("server shut down: --graceful-timeout-s 1 passed first")
+    with pytest.raises(AppError) as refused:
+        lifecycle.check_work()
+    assert refused.value.headers == {"retry-after": "5"} and lifecycle.refused_after_stop == 1
+
+
 def test_sigterm_while_the_models_load_skips_the_drain_delay(tmp_path):
     """A replica stopped before it was ever ready (/ready 503 all along) is in no balancer's rotation:
     waiting out --drain-delay-s there held the stop back for nothing. The shipped models under a memory

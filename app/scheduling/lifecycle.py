@@ -28,6 +28,7 @@ class Lifecycle:
     def __init__(self) -> None:
         self.phase = Phase.SERVING
         self.reason: str | None = None  # why it stopped: what the requests still waiting are told
+        self.refused_after_stop = 0  # admitted requests that reached check_work once stopped: unscored
 
     def leave(self) -> None:
         if self.phase is Phase.SERVING:
@@ -60,6 +61,11 @@ class Lifecycle:
             raise AppError(ErrorType.UNAVAILABLE, "server is shutting down", headers={"retry-after": "5"})
 
     def check_work(self) -> None:
-        """Work of an admitted request: until stopped."""
+        """Work of an admitted request: until stopped. One refused here was still being tokenized when the
+        server stopped: counted, as the scheduler's aborted ones are, for the log and the exit status (it
+        was neither, and its 503 had no retry-after)."""
         if self.phase is Phase.STOPPED:
-            raise AppError(ErrorType.UNAVAILABLE, self.reason or "server shut down")
+            self.refused_after_stop += 1
+            raise AppError(
+                ErrorType.UNAVAILABLE, self.reason or "server shut down", headers={"retry-after": "5"}
+            )

@@ -80,7 +80,7 @@ class Registry:
         self.health: dict[str, EngineHealth] = {}  # of each model's engine: app/scheduling/health.py
         self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
-        self.drain_timed_out = False  # requests were still unanswered at the graceful timeout: exit 1
+        self.aborted_at_stop = 0  # requests the scheduler answered 503 at the deadline or a forced stop
         self._loop: asyncio.AbstractEventLoop | None = None
         self.load_checks: dict[str, dict | None] = {}  # app/model/load_check.py: this CPU vs the reference
         self.memory = budget_for(settings.memory_limit_mb)  # app/scheduling/memory.py; None: no limit
@@ -254,18 +254,39 @@ class Registry:
         self._loop.call_soon_threadsafe(self._loop.call_later, delay_s, fn, *args)
         return True
 
+    @property
+    def drain_timed_out(self) -> bool:
+        """Whether a stop answered admitted requests 503 unscored: queued (aborted) or still being
+        tokenized (refused at their first step after it). The process then exits 1."""
+        return bool(self.aborted_at_stop or self.lifecycle.refused_after_stop)
+
     def _drain_deadline(self) -> None:
-        msg = f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first"
+        self._stop_now(f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first",
+                       "graceful timeout")  # fmt: skip
+
+    def quit_now(self) -> None:
+        """A second Ctrl-C, uvicorn's force quit (safe from a signal handler): it waits for no request and
+        skips the shutdown that closes the schedulers, so queued requests were cancelled into uvicorn's
+        plain-text 500 and the exit was 0. They are answered the JSON 503 of a stop instead, at once."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._stop_now, "server shut down: quit at once (Ctrl-C twice)",
+                                            "Ctrl-C twice")  # fmt: skip
+
+    def _stop_now(self, msg: str, why: str) -> None:
         self.lifecycle.stop(msg)
         unanswered = sum(model.scheduler.abort(msg) for model in self.models.values())
+        self.aborted_at_stop += unanswered
         if unanswered:
-            self.drain_timed_out = True
-            log.warning("graceful timeout: %d request(s) answered 503 unscored", unanswered)
+            log.warning("%s: %d request(s) answered 503 unscored", why, unanswered)
 
     async def close(self) -> None:
         self.lifecycle.stop("server shut down before inference")
         for model in self.models.values():
             await model.scheduler.close()
+        if late := self.lifecycle.refused_after_stop:
+            log.warning(
+                "%d request(s) still being tokenized when the server stopped answered 503 unscored", late
+            )
 
 
 def _over_budget(bundles: list[Bundle], settings: Settings) -> dict[str, str]:
