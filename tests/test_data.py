@@ -634,20 +634,31 @@ def test_a_directory_named_like_a_registry_corpus_is_said_to_be_left_unread(tmp_
     from training.data.corpus_sources import registry_shadows
 
     monkeypatch.chdir(tmp_path)
-    assert registry_shadows("news,wikitext2") is None
+    assert registry_shadows("news,wikitext2", tmp_path / "run") is None
     (tmp_path / "news").mkdir()
     (tmp_path / "news" / "mine.txt").write_text("own doc\n")
-    note = registry_shadows("wikitext2, news")
+    note = registry_shadows("wikitext2, news", tmp_path / "run")
     assert note == (f"--corpus news: the registry corpus, not ./news in {tmp_path}, which is not read; to train on "
                     "your files give ./news (or the full path)")  # fmt: skip
-    assert registry_shadows("./news") is None and registry_shadows(str(tmp_path / "news")) is None
+    assert (
+        registry_shadows("./news", "run") is None and registry_shadows(str(tmp_path / "news"), "run") is None
+    )
+    # The run's own directory, named like the corpus (--out wikitext2), or one holding it, is no user's corpus.
+    (tmp_path / "wikitext2" / "runs").mkdir(parents=True)
+    assert registry_shadows("wikitext2", "wikitext2") is None
+    assert registry_shadows("wikitext2", "wikitext2/runs/a") is None
+    assert registry_shadows("wikitext2", tmp_path / "elsewhere").startswith(
+        "--corpus wikitext2: the registry"
+    )
 
 
 def test_documents_of_characters_a_tokenizer_drops_are_left_out_as_blank_ones_are(tmp_path):
     """One held-out document of zero-width spaces stopped a small corpus's run at "tokenizing valid: no
     tokens in the documents given": it was split off by its hash before it became no tokens."""
-    dropped = ["\u200b" * 34, "\x00\x1b", "\ufffd \ue000", "\u200b\n\u2060"]
-    kept = ["a doc", "caf\u00e9 \u200b", "\u0301\u0301"]  # a combining mark: a cased tokenizer keeps it
+    # Combining marks alone: an uncased tokenizer strips them with the accents.
+    dropped = ["\u200b" * 34, "\x00\x1b", "\ufffd \ue000", "\u200b\n\u2060", "\u0301\u0300"]
+    # An emoji newer than Python's Unicode tables (unassigned to Python 3.11): the tokenizer's [UNK].
+    kept = ["a doc", "caf\u00e9 \u200b", "\U0001fa77", "e\u0301"]
     (tmp_path / "a.txt").write_text("\n\n".join(dropped + kept) + "\n")
     (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in dropped + kept))
     assert list(iter_text_documents(tmp_path / "a.txt")) == kept
@@ -965,8 +976,15 @@ def test_a_long_document_is_encoded_in_pieces_to_the_same_ids(trained, valid_doc
     document_encoding._encode_sentences(Recording(), docs)
     _count_words(Recording(), docs, show_progress=False)
     assert max(longest) <= 700 < len(long)
-    # A stretch longer than a piece without whitespace is cut where the piece ends.
+    # A stretch longer than a piece without whitespace is cut where the piece ends, unless it holds
+    # punctuation or CJK characters (a line of Chinese or Japanese): then just before the last of them.
     assert document_encoding._pieces("x" * 1500) == ["x" * 700, "x" * 700, "x" * 100]
+    unspaced = "".join(["abc", "\u65e5\u672c", "x", "fooBar", "!"][i * 7 % 5] for i in range(3000))
+    pieces = document_encoding._pieces(unspaced)
+    assert len(pieces) > 10 and "".join(pieces) == unspaced
+    assert [i for p in pieces for i in trained.encode(p, add_special_tokens=False).ids] == trained.encode(
+        unspaced, add_special_tokens=False
+    ).ids
 
 
 def test_shards_reused_or_rebuilt(trained, tmp_path):

@@ -55,11 +55,19 @@ def _open_text(path: Path):
 
 
 def _has_text(doc: str) -> bool:
-    """Whether `doc` has a character a BERT tokenizer keeps: one that is not white space, not a control,
-    format (zero-width), private-use or unassigned character, nor U+FFFD, all of which its normalizer
-    drops. A document of only those became no tokens: where it was the one held out (a small corpus),
-    the run stopped at "tokenizing valid: no tokens in the documents given"."""
-    return any(not c.isspace() and c != "\ufffd" and unicodedata.category(c)[0] != "C" for c in doc)
+    """Whether `doc` has a character a BERT tokenizer keeps: one that is not white space, NUL, U+FFFD, a
+    control, format (zero-width), private-use or surrogate character, which its normaliser drops, nor a
+    combining mark, which an uncased one strips with the accents. A document of only those became no
+    tokens: where it was the one held out (a small corpus), the run stopped at "tokenizing valid: no
+    tokens in the documents given". Unassigned characters count as text: Python's Unicode tables may be
+    older than the tokenizer's (Python 3.11 knows no emoji of Unicode 15, which the tokenizer reads as
+    [UNK])."""
+    return any(
+        not c.isspace() and c not in "\0\ufffd" and unicodedata.category(c) not in _DROPPED for c in doc
+    )
+
+
+_DROPPED = frozenset({"Cc", "Cf", "Co", "Cs", "Mn"})
 
 
 def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
@@ -193,12 +201,17 @@ def corpus_files_note(source: str) -> str | None:
     return "; ".join(notes) or None
 
 
-def registry_shadows(source: str) -> str | None:
+def registry_shadows(source: str, out: str | os.PathLike[str]) -> str | None:
     """The registry corpora of `source` named like a file or directory in the working directory: the name
-    reads the registry's corpus, whose text then trained in silence in place of the user's own ./news."""
-    shadowed = [
-        p for p in (p.strip() for p in source.split(",")) if p in REGISTRY_CORPORA and Path(p).exists()
-    ]
+    reads the registry's corpus, whose text then trained in silence in place of the user's own ./news.
+    Not the run's own `out` (`--out wikitext2`), nor a directory holding it."""
+    run = Path(out).resolve()
+
+    def shadowed_by(name: str) -> bool:
+        path = Path(name).resolve()
+        return Path(name).exists() and path != run and path not in run.parents
+
+    shadowed = [p for p in (p.strip() for p in source.split(",")) if p in REGISTRY_CORPORA and shadowed_by(p)]
     if not shadowed:
         return None
     named = ", ".join(shadowed)

@@ -3,6 +3,7 @@ ids), and request rows' documents encoded sentence by sentence."""
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterator
 
 from tokenizers import Tokenizer
@@ -23,17 +24,34 @@ def _pieces(doc: str) -> list[str]:
     """`doc`, cut into pieces of at most PIECE_CHARS, each cut just before a whitespace character (which
     the next piece starts with). The pre-tokenizer splits words at whitespace and the normaliser works
     character by character, so a WordPiece tokenizer gives each piece exactly the ids it gives that text
-    within the whole. A stretch of PIECE_CHARS without whitespace is cut where it ends: that "word" is
-    thousands of times over WordPiece's 100-character limit, [UNK] either way, and becomes two [UNK]s."""
+    within the whole. A stretch of PIECE_CHARS without whitespace (a line of Chinese or Japanese) is cut
+    just before its last punctuation or CJK character, each a word of its own to a BERT tokenizer; one
+    with neither is a single "word" thousands of times over WordPiece's 100-character limit, [UNK] either
+    way, and is cut where it ends (two [UNK]s)."""
     pieces, start = [], 0
     while len(doc) - start > PIECE_CHARS:
         end = start + PIECE_CHARS
         cut = max(doc.rfind(c, start + 1, end) for c in _SPACES)
-        cut = cut if cut > start else end
+        if cut <= start:
+            cut = next((i for i in range(end - 1, start, -1) if _word_of_its_own(doc[i])), end)
         pieces.append(doc[start:cut])
         start = cut
     pieces.append(doc[start:])
     return pieces
+
+
+# BERT's CJK blocks: its normaliser puts spaces around each of these characters.
+_CJK = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+        (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))  # fmt: skip
+
+
+def _word_of_its_own(c: str) -> bool:
+    """Whether a BERT tokenizer makes `c` a word by itself, whatever surrounds it: punctuation (ASCII's
+    symbols included, as BERT counts them) or a CJK character."""
+    cp = ord(c)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(c).startswith("P") or any(lo <= cp <= hi for lo, hi in _CJK)
 
 
 def _pieces_of(docs: list[str]) -> list[tuple[int, str]]:

@@ -170,7 +170,7 @@ def _tokenizer_and_shards(cfg, run: Path, env, tok_dir: Path, mix, trained_on: d
     identity, changed = {}, None
     if note := corpus_files_note(cfg.corpus):
         print(f"corpus: {note}", flush=True)
-    if note := registry_shadows(cfg.corpus):
+    if note := registry_shadows(cfg.corpus, cfg.out):
         print(f"note: {note}", file=sys.stderr, flush=True)
     # The run's own tokenizer on a resume; a new run makes it as its options say, whatever a start that
     # failed before its first checkpoint left there (another corpus's, or another --vocab-size's).
