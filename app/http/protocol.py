@@ -32,8 +32,9 @@ bounded (LINGER_S, LINGER_BYTES), so every client sees the answer instead of a r
 once was, the rest was read as if a next request were coming, and at --read-timeout-s the same request
 got a second answer.
 
-Each request's scope is marked with whether its head came in before a drain began: such a request is
-admitted once its body is in (app/scheduling/lifecycle.py).
+Each request's scope is marked with whether it was sent before a drain began (its head came in while
+new requests were taken, or it is the first of a connection accepted then): such a request is admitted
+once its body is in (app/scheduling/lifecycle.py).
 
 A request head (request line and headers, or a chunked body's trailers) past HEAD_LIMIT gets a JSON 431
 and the connection closes. uvicorn's parser keeps every header in memory, and a single header value's
@@ -106,6 +107,7 @@ class _BoundedRead(HttpToolsProtocol):
     # every read, and rearmed for this same moment: a client sending a blank line more often than
     # --keep-alive-timeout-s would hold its connection for good on a timer restarted at each.
     _idle_deadline: float | None = None
+    _first_request = False
     _counted = False
     _served = False  # admitted under --limit-concurrency: its requests are answered
     _linger: asyncio.TimerHandle | None = None  # set while the rest of an answered body is dropped
@@ -128,6 +130,11 @@ class _BoundedRead(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._served = self.load.connection_opened()  # under --limit-concurrency (connection_limit.py)
         self._counted = True
+        # The first request of a connection accepted while new requests were taken is served whenever its
+        # head is read: a loop busy under load read some only after the drain began, and refused them 503
+        # though they were sent in time. One accepted after (app/__main__.py takes what waits on the port
+        # before it closes, which the kernel reset unanswered) is refused 503, as new work.
+        self._first_request = self.lifecycle.admits_new
         self._cycles = deque()
         super().connection_made(transport)
         # Any byte the kernel will not take pauses writing (pause_writing), and the send deadline runs until
@@ -153,7 +160,8 @@ class _BoundedRead(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         # Its head came in before the drain: admitted when its body is in, whenever that is (lifecycle.py).
-        self.scope[ARRIVED_BEFORE_DRAIN] = self.lifecycle.admits_new
+        self.scope[ARRIVED_BEFORE_DRAIN] = self.lifecycle.admits_new or self._first_request
+        self._first_request = False  # a later request on it is new: refused once the drain began
         if not self._served:  # a place may have freed since it opened (it has asked only for probes)
             self._served = self.load.admit_connection()
         self.scope[OVER_LIMIT] = not self._served  # the scope the request cycle about to start gets

@@ -4,8 +4,9 @@ closes its connection) -> draining (no new requests, admitted ones finish; uvico
 stopped (the graceful timeout passed, or shutdown: whatever still waits is answered 503 with why).
 
 A request is new when its head arrives, not when its body has: one whose head came in while the server
-still took new requests is admitted once its body is in, even if the drain began while it was uploading
-(app/http/protocol.py marks its scope with ARRIVED_BEFORE_DRAIN)."""
+still took new requests is admitted once its body is in, even if the drain began while it was uploading;
+so is the first request of a connection accepted while they were taken (app/http/protocol.py marks the
+scope with ARRIVED_BEFORE_DRAIN)."""
 
 from __future__ import annotations
 
