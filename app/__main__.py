@@ -22,6 +22,7 @@ from options import EXIT_USAGE
 
 log = logging.getLogger("app")
 BACKLOG_S = 1.0  # the longest the port stays open at a drain, accepting what waited on it
+FORCED_WAIT_S = 2.0  # at a second Ctrl-C: the longest it waits for the schedulers, then for the answers
 
 
 class _DrainingServer(uvicorn.Server):
@@ -63,7 +64,13 @@ class _DrainingServer(uvicorn.Server):
             # mid-close: a CancelledError traceback in the log. Closing the schedulers waits for nothing
             # (quit_now has answered what was queued), so it still quits at once.
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.lifespan.shutdown(), timeout=2.0)
+                await asyncio.wait_for(self.lifespan.shutdown(), timeout=FORCED_WAIT_S)
+            # Answers still being built in a thread (a long text's, scored before the stop): a moment to
+            # send them, rather than the loop's end cancelling them into plain-text 500s.
+            loop = asyncio.get_running_loop()
+            until = loop.time() + FORCED_WAIT_S
+            while self.server_state.tasks and loop.time() < until:
+                await asyncio.sleep(0.05)
 
     async def _take_backlog(self) -> None:
         """Before the port closes and uvicorn closes every connection with no request begun: the
@@ -269,6 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if registry.drain_timed_out or (registry.state == "failed" and not registry.models) else 0
 
     def exit_after_drain(sig, frame) -> None:
+        # A signal during the interpreter's teardown (a tenth of a second or more) would take the default
+        # action, and the process end by it (143, 130) after a complete drain.
+        for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(each, signal.SIG_IGN)
         raise SystemExit(exit_code())
 
     # uvicorn re-raises the signal it caught once it has drained, with the handlers it found installed;

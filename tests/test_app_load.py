@@ -323,6 +323,16 @@ def test_ctrl_c_twice_answers_the_queued_requests_json_503_and_exits_1(bundles_d
     assert "Traceback" not in s.log() and "Ctrl-C twice: 3 request(s) answered 503 unscored" in s.log()
 
 
+def test_a_second_signal_as_the_process_ends_keeps_its_exit_status(bundles_dir, tmp_path):
+    """Past the drain, the interpreter's teardown takes a tenth of a second or more, with the default
+    handlers back: a second SIGTERM then ended a completely drained server as "killed by SIGTERM"."""
+    with run_server(bundles_dir, log_dir=tmp_path) as s:
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: "Finished server process" in s.log(), what="the drain to end")
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(timeout=60) == 0, s.log()
+
+
 def test_a_request_still_tokenizing_when_the_server_stops_gets_the_503_of_a_stop_and_is_counted():
     """One that reached the scheduler after the graceful timeout got a 503 with no retry-after, counted
     nowhere: neither the log's count nor the exit status (0, "a complete drain") knew of it."""
@@ -335,6 +345,31 @@ def test_a_request_still_tokenizing_when_the_server_stops_gets_the_503_of_a_stop
     with pytest.raises(AppError) as refused:
         lifecycle.check_work()
     assert refused.value.headers == {"retry-after": "5"} and lifecycle.refused_after_stop == 1
+
+    async def tokenizing(lifecycle: Lifecycle, stop_after_s: float | None):
+        """A tokenization in a thread that takes 1.5 s, awaited as the server awaits one: its outcome, and
+        how long the await took."""
+        started = time.perf_counter()
+        work = asyncio.create_task(lifecycle.unless_stopped(asyncio.to_thread(time.sleep, 1.5)))
+        if stop_after_s is not None:
+            await asyncio.sleep(stop_after_s)
+            lifecycle.stop("server shut down: quit at once (Ctrl-C twice)")
+        try:
+            outcome = await work
+        except AppError as e:
+            outcome = e
+        return outcome, time.perf_counter() - started
+
+    # Its thread is not waited for: the 503 comes as the server stops (uvicorn cancelled one still
+    # waiting into a plain-text 500, past the graceful timeout or at a second Ctrl-C).
+    refused, took = asyncio.run(tokenizing(second := Lifecycle(), stop_after_s=0.1))
+    assert (
+        isinstance(refused, AppError)
+        and "quit at once" in str(refused)
+        and refused.headers == {"retry-after": "5"}
+    )
+    assert took < 1.0 and second.refused_after_stop == 1
+    assert asyncio.run(tokenizing(Lifecycle(), stop_after_s=None))[0] is None  # no stop: its result
 
 
 def test_sigterm_while_the_models_load_skips_the_drain_delay(tmp_path):

@@ -31,6 +31,14 @@ async def offload(fn: Callable[[], T], chars: int) -> T:
     return fn() if chars <= OFFLOAD_ABOVE_CHARS else await asyncio.to_thread(fn)
 
 
+async def tokenized(model, fn: Callable[[], T], chars: int) -> T:
+    """offload, for an admitted request's tokenization: one in a thread is answered the 503 of a stop as
+    soon as the server stops (Lifecycle.unless_stopped), not when its thread is done."""
+    if chars <= OFFLOAD_ABOVE_CHARS:
+        return fn()
+    return await model.scheduler.admission.lifecycle.unless_stopped(asyncio.to_thread(fn))
+
+
 # Each stage's header, x-STAGE-time (ms), on every scored answer; the OpenAPI document names them from here.
 STAGES = ("tokenization", "queue", "inference", "total")
 
@@ -141,7 +149,7 @@ async def score(
         t0 = time.perf_counter()
         chars = _chars(items)
         count = limits.while_encoding(field)
-        encoded = await offload(lambda: kind.encode(model.tokenizer, items, count), chars)
+        encoded = await tokenized(model, lambda: kind.encode(model.tokenizer, items, count), chars)
         t.tokenization_s = time.perf_counter() - t0
         model.scheduler.series.tokenization.observe(t.tokenization_s)
         if encoded.empty:

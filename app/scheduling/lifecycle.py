@@ -10,9 +10,14 @@ scope with ARRIVED_BEFORE_DRAIN)."""
 
 from __future__ import annotations
 
+import asyncio
 import enum
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from app.errors import AppError, ErrorType
+
+T = TypeVar("T")
 
 # In a request's ASGI scope: True where its head was read whole while the server took new requests.
 ARRIVED_BEFORE_DRAIN = "electra.arrived_before_drain"
@@ -30,6 +35,7 @@ class Lifecycle:
         self.phase = Phase.SERVING
         self.reason: str | None = None  # why it stopped: what the requests still waiting are told
         self.refused_after_stop = 0  # admitted requests that reached check_work once stopped: unscored
+        self._stopped = asyncio.Event()  # set with the phase STOPPED: unless_stopped's
 
     def leave(self) -> None:
         if self.phase is Phase.SERVING:
@@ -41,6 +47,22 @@ class Lifecycle:
 
     def stop(self, reason: str) -> None:
         self.phase, self.reason = Phase.STOPPED, reason
+        self._stopped.set()
+
+    async def unless_stopped(self, work: Awaitable[T]) -> T:
+        """`work` (an admitted request's tokenization, in a thread), unless the server stops first: then
+        check_work's 503 at once, while the thread finishes unread. Waiting for the thread, a request of a
+        long text met no deadline: uvicorn cancelled it into a plain-text 500 past the graceful timeout,
+        and at once at a second Ctrl-C, with a traceback each, uncounted."""
+        job = asyncio.ensure_future(work)
+        if self.phase is not Phase.STOPPED:
+            stopped = asyncio.ensure_future(self._stopped.wait())
+            await asyncio.wait((job, stopped), return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+        if not job.done():
+            job.add_done_callback(lambda j: j.cancelled() or j.exception())  # its outcome, unread: no warning
+        self.check_work()
+        return job.result()
 
     @property
     def keeps_connections(self) -> bool:
