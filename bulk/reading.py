@@ -268,9 +268,8 @@ def _checked(line: int, ident: str, text: str, max_chars: int) -> Doc:
     if (bad := lone_surrogate_at(text)) is not None:  # "\ud800" in JSON decodes to a lone surrogate
         return Doc(line, ident, None, Reason.NOT_UTF8, f"character {bad}: {LONE}")
     if is_blank(text):  # after: a lone surrogate alone is not UTF-8 rather than blank
-        return Doc(
-            line, ident, None, Reason.EMPTY_TEXT, "nothing but white space, control or zero-width characters"
-        )
+        said = "empty" if not text else "nothing but white space, control or zero-width characters"
+        return Doc(line, ident, None, Reason.EMPTY_TEXT, said)
     return Doc(line, ident, text)
 
 

@@ -24,7 +24,7 @@ from export.evaluation.items import swap_data
 from export.onnx import INPUT_NAMES, check_exportable, export_onnx, graph_for, problem_type
 from export.portable import portable
 from export.precision import Precision, choose
-from export.recipe import recipe, stopped_run
+from export.recipe import recipe, run_warnings
 from export.workdirs import temporaries_in, work_dir
 from options import ConfigError
 
@@ -147,9 +147,9 @@ def _export(src: _Source, log) -> dict:
                 extra["warnings"] = [*extra.get("warnings", []), warning]
             for warning in src.warnings:  # logged when said
                 extra["warnings"] = [*extra.get("warnings", []), warning]
-            if stopped := stopped_run(src.ckpt):
-                log(f"warning: {stopped}")
-                extra["warnings"] = [*extra.get("warnings", []), stopped]
+            for warning in run_warnings(src.ckpt):
+                log(f"warning: {warning}")
+                extra["warnings"] = [*extra.get("warnings", []), warning]
             if weak := _near_chance_on_held_out(fp32.report, extra.get("warnings", [])):
                 log(f"warning: {weak}")
                 extra["warnings"] = [*extra.get("warnings", []), weak]

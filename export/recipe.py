@@ -10,15 +10,18 @@ from export import evaldata
 from export.portable import portable
 
 
-def stopped_run(ckpt: Path) -> str | None:
-    """A warning when `ckpt` is a fine-tuning run stopped before its schedule ended (Ctrl-C, a scheduler's
-    stop): its model is the best so far, not the run's."""
+def run_warnings(ckpt: Path) -> list[str]:
+    """The warnings of the fine-tuning run `ckpt` is, for the bundle's manifest: stopped before its
+    schedule ended (Ctrl-C, a scheduler's stop: its model is the best so far, not the run's), and those it
+    gave itself (a model that answers one label for every dev text, whose bundle was served without a
+    word where fine-tuning had warned)."""
     state = evaldata.trainer_state(ckpt)
-    if not state.get("interrupted"):
-        return None
-    return (f"the fine-tuning run was stopped at step {state.get('global_step')}, before its schedule ended: this "
-            "is its best model so far; finish it (python -m training.finetune --out <its directory> --resume) "
-            "and export again")  # fmt: skip
+    said = [w for w in state.get("warnings") or [] if isinstance(w, str)]
+    if state.get("interrupted"):
+        said.insert(0, f"the fine-tuning run was stopped at step {state.get('global_step')}, before its schedule "
+                       "ended: this is its best model so far; finish it (python -m training.finetune --out <its "
+                       "directory> --resume) and export again")  # fmt: skip
+    return said
 
 
 # Resume bookkeeping, not recipe: left out of the manifest.

@@ -412,7 +412,9 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"export.recover: {e}")
     except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
         options.usage_exit(f"export.recover: {failed_write(e, cfg.out)}")
-    print(f"wrote {cfg.out}: max prob difference from the bundle {report['check']['max_abs_prob_diff']:.2g}")
+    check = report["check"]
+    print(f"wrote {cfg.out}: max prob difference from the bundle {check['max_abs_prob_diff']:.2g} (the check "
+          f"passes at most {check['limit']:g}, as the bundle's arithmetic allows)")  # fmt: skip
 
 
 if __name__ == "__main__":

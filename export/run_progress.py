@@ -79,7 +79,7 @@ def _pretraining(ckpt: Path, run: Path, state: dict, saved: dict) -> Progress:
 
 def _fine_tuning(run: Path, state: dict) -> Progress:
     """A fine-tuning run's --out holds its best dev model; a stopped run's is warned of by the pipeline
-    (export.recipe.stopped_run), as it always was."""
+    (export.recipe.run_warnings), as it always was."""
     metric = state.get("best_metric")
     best = f"its best on dev {metric}" if metric else "its best on dev"
     line = f"exporting step {state['step']} ({best}) of fine-tuning run {run}, which trained {state['global_step']} steps"

@@ -355,7 +355,7 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
     deep = '{"text": "deep", "x": ' + "[" * 1100 + "]" * 1100 + "}"
     rows = ['{"text": "after a byte-order mark", "id": true}', deep, '{"text": "one", "id": 1.0}',
             '{"text": "two", "id": "  "}', "null", '{"meta": {"text": "nested"}, "id": "n"}',
-            '{"text": "\\u200b \\ufeff", "id": "z"}']  # fmt: skip
+            '{"text": "\\u200b \\ufeff", "id": "z"}', '{"text": "", "id": "e"}']  # fmt: skip
     src.write_bytes(b"\xef\xbb\xbf" + "\n".join(rows).encode() + b"\n")
     got = docs_of(src, id_field="id")
     assert [(d.id, d.text, d.reason) for d in got] == [
@@ -366,8 +366,10 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
         ("odd.jsonl:5", None, Reason.NOT_JSON),
         ("n", None, Reason.MISSING_TEXT),
         ("z", None, Reason.EMPTY_TEXT),  # zero-width characters only: nothing the tokenizer keeps
+        ("e", None, Reason.EMPTY_TEXT),
     ]
     assert "nested too deeply" in got[1].detail and got[4].detail == "a JSON null, not an object"
+    assert got[6].detail.startswith("nothing but white space") and got[7].detail == "empty"
     assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
 
 

@@ -225,13 +225,23 @@ def test_a_classifier_whose_dev_split_was_cut_from_its_train_file_is_export_chec
     )
     rows = json.loads((tmp_path / "out" / "eval_dev.json").read_text())["n"]
     assert check["rows"] == rows  # the very rows the run was selected on
-    assert not json.loads((tmp_path / "bundle" / "manifest.json").read_text()).get("warnings")
+    # The run's own warnings only (this tiny one answers one label for every dev text: fine-tuning said so)
+    said = json.loads((tmp_path / "out" / "trainer_state.json").read_text()).get("warnings", [])
+    assert json.loads((tmp_path / "bundle" / "manifest.json").read_text()).get("warnings", []) == said
     # A run stopped before its schedule ended: its bundle says so, as /models and the page show warnings.
     state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
     (tmp_path / "out" / "trainer_state.json").write_text(json.dumps({**state, "interrupted": True}))
     export([str(tmp_path / "out"), "--out", str(tmp_path / "stopped"), "--precision", "fp32"])
     warnings = json.loads((tmp_path / "stopped" / "manifest.json").read_text())["warnings"]
     assert any(f"stopped at step {state['global_step']}, before its schedule ended" in w for w in warnings)
+    # One that answers one label for every dev text (fine-tuning warned, and saved it): so does its bundle,
+    # which was exported and served without a word.
+    one = "the model answers 'positive' for every dev text, whatever the text; train longer (--epochs)"
+    (tmp_path / "out" / "trainer_state.json").write_text(
+        json.dumps({**state, "warnings": [one], "interrupted": False})
+    )
+    export([str(tmp_path / "out"), "--out", str(tmp_path / "one"), "--precision", "fp32"])
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["warnings"] == [one]
 
 
 def test_dev_texts_that_are_training_texts_are_warned_of(tiny_init, tmp_path, capsys):

@@ -136,6 +136,8 @@ class FineTuner:
                  "problem_type": data.problem_type, "init": cfg.init, "minutes": (time.time() - started) / 60,
                  "config": dataclasses.asdict(cfg), "as_run": self.as_run,
                  "eval": {k: scalars(v) for k, v in evals.items()}}  # fmt: skip
+        if one_class := _one_class_note(predictions["dev"], data):
+            state["warnings"] = [one_class]  # export carries it into the bundle's manifest (/models shows it)
         # The model first, the reports after: what is printed must never stand between a run and its model.
         write_outputs(
             Path(cfg.out), self.model.cpu(), self.tok, state, evals, predictions, keep_resume=interrupted
@@ -143,8 +145,8 @@ class FineTuner:
         for split, m in evals.items():
             title = f"{split} @ step {best['step']} (best dev {cfg.metric})"
             print(format_report(m, title, str(Path(cfg.out) / f"eval_{split}.json")), flush=True)
-        if note := _one_class_note(predictions["dev"], data):
-            print(f"warning: {note}", file=sys.stderr, flush=True)
+        if one_class:
+            print(f"warning: {one_class}", file=sys.stderr, flush=True)
         return evals
 
     def predictions(self, split: str) -> tuple[list[dict], dict]:

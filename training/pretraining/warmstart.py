@@ -58,12 +58,18 @@ class InitReport:
     loaded: list[str] = field(default_factory=list)
     new: list[str] = field(default_factory=list)  # initialised fresh: no tensor in the source
     ignored: list[str] = field(default_factory=list)  # in the source, not used by the target
+    # In the source, owned by another model (a generator's embeddings: the discriminator's, shared). Said
+    # apart from `ignored`, which read as weights lost ("ignored 5 [electra.embeddings.*]").
+    shared: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (
+        said = (
             f"{self.source}: loaded {len(self.loaded)} tensors; new {len(self.new)} "
             f"{_short(self.new)}; ignored {len(self.ignored)} {_short(self.ignored)}"
         )
+        if self.shared:
+            said += f"; {len(self.shared)} shared with the discriminator, taken from it {_short(self.shared)}"
+        return said
 
 
 def _short(names: list[str], n: int = 6) -> str:
@@ -183,7 +189,7 @@ def load_into(
     """Copy every tensor of `source` that `module` has (under our names) into it; report the rest.
 
     `skip_prefixes` names target tensors that are owned elsewhere (the generator's embeddings belong to
-    the discriminator): they are reported as ignored, not loaded twice.
+    the discriminator): they are reported as shared, not loaded twice.
     """
     weights = ckpt.read_weights(source)
     own = module.state_dict()
@@ -191,7 +197,10 @@ def load_into(
     chosen: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         ours = _our_name(name)
-        if ours is None or ours not in own or ours.startswith(skip_prefixes):
+        if ours is not None and ours in own and skip_prefixes and ours.startswith(skip_prefixes):
+            report.shared.append(name)
+            continue
+        if ours is None or ours not in own:
             report.ignored.append(name)
             continue
         if tuple(tensor.shape) != tuple(own[ours].shape):
