@@ -91,8 +91,9 @@ class _DrainingServer(uvicorn.Server):
             for sock in server.sockets:
                 poll.register(sock.fileno(), select.POLLIN)
         for conn in self.server_state.connections:
+            cycle = getattr(conn, "cycle", None)  # a keep-alive connection keeps its last, answered one
             if (
-                getattr(conn, "cycle", None) is not None
+                (cycle is not None and not cycle.response_complete)
                 or conn.transport is None
                 or conn.transport.is_closing()
             ):
