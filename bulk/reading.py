@@ -172,7 +172,10 @@ def _line_doc(part: Part, line: int, raw: bytes, text_field: str, id_field: str,
     except msgspec.DecodeError as e:
         obj = _fallback(decoded, e)
         if obj is None:
-            return Doc(line, ident, None, Reason.NOT_JSON, raw_control_character(decoded) or str(e)[:200])
+            # msgspec's byte is where it gave up, past the start of a word it took for another ("not json"
+            # failed at byte 4, as "null"): the line's start says what the line is.
+            said = raw_control_character(decoded) or f"{str(e)[:200]}; the line starts {decoded[:40]!r}"
+            return Doc(line, ident, None, Reason.NOT_JSON, said)
     if not isinstance(obj, dict):
         return Doc(line, ident, None, Reason.NOT_JSON, f"a JSON {_json_kind(obj)}, not an object")
     if id_field:

@@ -370,6 +370,12 @@ def test_documents_that_cannot_be_read_are_rejected_alone_and_the_rest_scored(tm
     ]
     assert "nested too deeply" in got[1].detail and got[4].detail == "a JSON null, not an object"
     assert got[6].detail.startswith("nothing but white space") and got[7].detail == "empty"
+    assert got[4].detail == "a JSON null, not an object"
+    odd = tmp_path / "odd2.jsonl"
+    odd.write_text("not json\n")
+    assert (
+        docs_of(odd)[0].detail == "JSON is malformed: invalid character (byte 4); the line starts 'not json'"
+    )
     assert "top-level key" in docs_of(src, text_field="meta.text")[0].detail
 
 
