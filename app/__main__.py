@@ -272,6 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = _DrainingServer(config, registry, settings.drain_delay_s)
     registry.on_nothing_served = lambda: setattr(server, "should_exit", True)
+    registry.refuse_uploads = lambda reason: sum(
+        conn.refuse_upload(reason)
+        for conn in list(server.server_state.connections)
+        if hasattr(conn, "refuse_upload")
+    )
 
     def exit_code() -> int:  # 1 when the drain deadline answered requests unscored, or nothing loaded
         return 1 if registry.drain_timed_out or (registry.state == "failed" and not registry.models) else 0

@@ -44,6 +44,10 @@ READ_TIMED_OUT = "electra.read_timed_out"
 BODY_UNPARSABLE = "electra.body_unparsable"
 # Set when a chunked body's trailers passed the head limit (app/http/protocol.py): the client got a 431.
 HEAD_TOO_LARGE = "electra.head_too_large"
+# Set, to the stop's reason, on a request whose body was still coming in when the server stopped (the
+# graceful timeout, a second Ctrl-C): the client got that 503 (app/http/protocol.py), and the handler's
+# disconnect is counted as it.
+STOPPED_WHILE_RECEIVING = "electra.stopped_while_receiving"
 # Set on a request still being answered when its client took nothing of what was written to it for
 # --send-timeout-s and the connection was aborted (app/http/protocol.py): its answer never went out, and
 # it is counted as the client's abort (499 client_gone, app/http/server.py), whatever status it had chosen.

@@ -323,6 +323,41 @@ def test_ctrl_c_twice_answers_the_queued_requests_json_503_and_exits_1(bundles_d
     assert "Traceback" not in s.log() and "Ctrl-C twice: 3 request(s) answered 503 unscored" in s.log()
 
 
+@pytest.mark.parametrize(
+    ("flags", "signals", "said"),
+    [
+        ((), (signal.SIGINT, signal.SIGINT), "quit at once (Ctrl-C twice)"),
+        (
+            ("--graceful-timeout-s", "1", "--read-timeout-s", "0"),
+            (signal.SIGTERM,),
+            "--graceful-timeout-s 1.0",
+        ),
+    ],
+    ids=["ctrl-c twice", "graceful timeout"],
+)
+def test_a_request_still_uploading_when_the_server_stops_gets_the_503_of_the_stop(
+    bundles_dir, tmp_path, flags, signals, said
+):
+    """Its handler waited for a body no stop reached: a second Ctrl-C waited 2 s for it, and past uvicorn's
+    own timeout it was cancelled into a plain-text 500 with a traceback, the exit status 0."""
+    with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
+        port = int(s.url.rsplit(":", 1)[1])
+        upload = socket.create_connection(("127.0.0.1", port), timeout=30)
+        upload.sendall(b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                       b'content-length: 100\r\n\r\n{"text": "x')  # fmt: skip
+        time.sleep(0.5)  # its head read, its handler waiting for the rest of the body
+        for sig in signals:
+            s.proc.send_signal(sig)
+            time.sleep(0.2)
+        with upload:
+            answer = upload.recv(65536).decode()
+        head, body = answer.split("\r\n\r\n", 1)
+        assert head.startswith("HTTP/1.1 503") and "retry-after: 5" in head, answer
+        assert json.loads(body)["error"]["type"] == "unavailable" and said in body
+        assert s.proc.wait(timeout=60) == 1, s.log()
+    assert "Traceback" not in s.log() and "1 request(s) answered 503 unscored" in s.log()
+
+
 def test_a_second_signal_as_the_process_ends_keeps_its_exit_status(bundles_dir, tmp_path):
     """Past the drain, the interpreter's teardown takes a tenth of a second or more, with the default
     handlers back: a second SIGTERM then ended a completely drained server as "killed by SIGTERM"."""

@@ -18,6 +18,7 @@ from app.errors import (
     HEAD_TOO_LARGE,
     READ_TIMED_OUT,
     STATUS,
+    STOPPED_WHILE_RECEIVING,
     AppError,
     ErrorType,
     clip,
@@ -75,6 +76,8 @@ def handle_exception(request: Request, exc: Exception) -> Response[dict[str, Any
     elif err.type is ErrorType.CLIENT_GONE and request.scope.get(BODY_UNPARSABLE):
         msg = "the request body is not valid HTTP/1.1 (a malformed chunk)"
         err = AppError(ErrorType.INVALID_HTTP, msg, field="body")  # the client got this 400 already
+    elif err.type is ErrorType.CLIENT_GONE and (stop := request.scope.get(STOPPED_WHILE_RECEIVING)):
+        err = AppError(ErrorType.UNAVAILABLE, stop, field="body")  # the client got this 503 already
     elif err.type is ErrorType.CLIENT_GONE and request.scope.get(HEAD_TOO_LARGE):
         msg = "the request's trailers (after its chunked body) were too large"
         err = AppError(ErrorType.HEADERS_TOO_LARGE, msg, field="body")  # the client got this 431 already

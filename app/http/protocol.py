@@ -58,7 +58,13 @@ from collections import deque
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
-from app.errors import BODY_UNPARSABLE, HEAD_TOO_LARGE, READ_TIMED_OUT, SEND_TIMED_OUT
+from app.errors import (
+    BODY_UNPARSABLE,
+    HEAD_TOO_LARGE,
+    READ_TIMED_OUT,
+    SEND_TIMED_OUT,
+    STOPPED_WHILE_RECEIVING,
+)
 from app.http.connection_limit import OVER_LIMIT
 from app.http.methods import METHOD_SEEN, unknown_method
 from app.metrics import Metrics
@@ -419,6 +425,7 @@ class _BoundedRead(HttpToolsProtocol):
         unrouted: bool = False,
         linger: bool = False,
         seconds: float = 0.0,
+        retry_after: int | None = None,
     ) -> None:
         """An error answer written straight to the transport (no request cycle to answer through), then
         the connection closes. It carries what every answer does (request_context.answer_headers).
@@ -437,6 +444,8 @@ class _BoundedRead(HttpToolsProtocol):
         head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\nconnection: close\r\n"
                 f"content-length: {len(body)}\r\n").encode()  # fmt: skip
         head += b"".join(k + b": " + v + b"\r\n" for k, v in request_context.answer_headers(rid))
+        if retry_after is not None:
+            head += f"retry-after: {retry_after}\r\n".encode()
         if unrouted:
             code = int(status.split()[0])
             self.metrics.unrouted(code, seconds)
@@ -467,6 +476,27 @@ class _BoundedRead(HttpToolsProtocol):
         if not state.get("request_id"):
             state["request_id"] = request_context.incoming_id(cycle.scope)
         return state["request_id"]
+
+    def refuse_upload(self, reason: str) -> bool:
+        """The server stopped (the graceful timeout, a second Ctrl-C) while this connection's request was
+        still sending its body: its client gets the 503 of the stop now, and its handler, told the client is
+        gone, counts it as that (app/http/errors.py). It waited for a body that no stop reached: past
+        uvicorn's own timeout it was cancelled into a plain-text 500, and a force quit waited for it.
+        Whether there was one."""
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle is not self._receiving
+            or cycle.response_started
+            or self.transport.is_closing()
+        ):
+            return False
+        cycle.scope[STOPPED_WHILE_RECEIVING] = reason
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self._disarm()
+        self._write_error("503 Service Unavailable", "unavailable", reason, linger=True, retry_after=5)
+        return True
 
     def _timed_out(self) -> None:
         self._deadline = None

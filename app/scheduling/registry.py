@@ -81,6 +81,7 @@ class Registry:
         self.state = "loading"  # loading -> ready, or failed; draining is the lifecycle's
         self.detail: str | None = None
         self.aborted_at_stop = 0  # requests the scheduler answered 503 at the deadline or a forced stop
+        self.refuse_uploads: typing.Callable[[str], int] | None = None  # at a stop: 503 to bodies coming in
         self._loop: asyncio.AbstractEventLoop | None = None
         self.load_checks: dict[str, dict | None] = {}  # app/model/load_check.py: this CPU vs the reference
         self.memory = budget_for(settings.memory_limit_mb)  # app/scheduling/memory.py; None: no limit
@@ -275,6 +276,8 @@ class Registry:
     def _stop_now(self, msg: str, why: str) -> None:
         self.lifecycle.stop(msg)
         unanswered = sum(model.scheduler.abort(msg) for model in self.models.values())
+        # And those still sending their bodies (the server's connections: app/__main__.py sets the hook).
+        unanswered += self.refuse_uploads(msg) if self.refuse_uploads is not None else 0
         self.aborted_at_stop += unanswered
         if unanswered:
             log.warning("%s: %d request(s) answered 503 unscored", why, unanswered)
