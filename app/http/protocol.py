@@ -484,12 +484,12 @@ class _BoundedRead(HttpToolsProtocol):
         uvicorn's own timeout it was cancelled into a plain-text 500, and a force quit waited for it.
         Whether there was one."""
         cycle = self.cycle
-        if (
-            cycle is None
-            or cycle is not self._receiving
-            or cycle.response_started
-            or self.transport.is_closing()
-        ):
+        # As _timed_out: never a second answer (a 408 or a refusal already out, lingering), nor one written
+        # into the place of another still on its way (a request pipelined behind an unfinished answer,
+        # whose handler has not begun: left to that answer's end).
+        if self.transport.is_closing() or self._linger is not None or self._timed_out_408 or self.pipeline:
+            return False
+        if cycle is None or cycle is not self._receiving or cycle.response_started or cycle.response_complete:
             return False
         cycle.scope[STOPPED_WHILE_RECEIVING] = reason
         cycle.disconnected = True

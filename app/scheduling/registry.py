@@ -276,9 +276,12 @@ class Registry:
     def _stop_now(self, msg: str, why: str) -> None:
         self.lifecycle.stop(msg)
         unanswered = sum(model.scheduler.abort(msg) for model in self.models.values())
-        # And those still sending their bodies (the server's connections: app/__main__.py sets the hook).
-        unanswered += self.refuse_uploads(msg) if self.refuse_uploads is not None else 0
         self.aborted_at_stop += unanswered
+        # And those still sending their bodies (the server's connections: app/__main__.py sets the hook).
+        if self.refuse_uploads is not None:
+            refused = self.refuse_uploads(msg)
+            unanswered += refused
+            self.aborted_at_stop += refused
         if unanswered:
             log.warning("%s: %d request(s) answered 503 unscored", why, unanswered)
 
