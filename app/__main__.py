@@ -57,7 +57,12 @@ class _DrainingServer(uvicorn.Server):
 
     async def shutdown(self, sockets=None) -> None:
         if not self.force_exit:
-            await self._take_backlog()
+            # Before the port closes and uvicorn closes every connection with no request begun: the
+            # connections still waiting on the port to be accepted, and those whose request is unread (a
+            # loop busy under load falls behind: 18 of a burst of 92 requests 0.3 s before SIGTERM), are
+            # accepted and read, so their requests are answered (app/http/protocol.py). Closed with their
+            # requests unread, the kernel reset them: no answer.
+            await _wait_while(self._unread, BACKLOG_S, 0.01)
         await super().shutdown(sockets)
         if self.force_exit:
             # uvicorn's force quit skips the lifespan's end, and the loop's teardown then cancelled it
@@ -67,21 +72,11 @@ class _DrainingServer(uvicorn.Server):
                 await asyncio.wait_for(self.lifespan.shutdown(), timeout=FORCED_WAIT_S)
             # Answers still being built in a thread (a long text's, scored before the stop): a moment to
             # send them, rather than the loop's end cancelling them into plain-text 500s.
-            loop = asyncio.get_running_loop()
-            until = loop.time() + FORCED_WAIT_S
-            while self.server_state.tasks and loop.time() < until:
-                await asyncio.sleep(0.05)
+            await _wait_while(lambda: bool(self.server_state.tasks), FORCED_WAIT_S, 0.05)
 
-    async def _take_backlog(self) -> None:
-        """Before the port closes and uvicorn closes every connection with no request begun: the
-        connections still waiting on the port to be accepted, and those whose request is unread (a loop
-        busy under load falls behind: 18 of a burst of 92 requests 0.3 s before SIGTERM), are accepted and
-        read, for at most BACKLOG_S, so their requests are served (app/http/protocol.py). Closed with
-        their requests unread, the kernel reset them: no answer."""
-        loop = asyncio.get_running_loop()
-        until = loop.time() + BACKLOG_S
-        while loop.time() < until and self._unread():
-            await asyncio.sleep(0.01)
+    def connections(self) -> list:
+        """The open connections, as app/http/protocol.py's protocol serves them (every one: `http=` is it)."""
+        return [conn for conn in self.server_state.connections if hasattr(conn, "refuse_upload")]
 
     def _unread(self) -> bool:
         """Whether a connection waits on the port, or an open one has a request not yet begun: bytes in
@@ -90,18 +85,11 @@ class _DrainingServer(uvicorn.Server):
         for server in self.servers:
             for sock in server.sockets:
                 poll.register(sock.fileno(), select.POLLIN)
-        for conn in self.server_state.connections:
-            cycle = getattr(conn, "cycle", None)  # a keep-alive connection keeps its last, answered one
-            if (
-                (cycle is not None and not cycle.response_complete)
-                or conn.transport is None
-                or conn.transport.is_closing()
-            ):
-                continue
-            if getattr(conn, "_in_message", False):  # its head is being read
+        for conn in self.connections():
+            if conn.reading_head:
                 return True
-            if (sock := conn.transport.get_extra_info("socket")) is not None:
-                poll.register(sock.fileno(), select.POLLIN)
+            if (fd := conn.idle_fd()) is not None:
+                poll.register(fd, select.POLLIN)
         return bool(poll.poll(0))
 
     def _drain_after_delay(self, sig, frame) -> None:
@@ -114,6 +102,14 @@ class _DrainingServer(uvicorn.Server):
         self._registry.begin_drain()
         # uvicorn raises the signal again once drained; a hangup's exit is SIGTERM's (status 0 or 1).
         super().handle_exit(signal.SIGTERM if sig == signal.SIGHUP else sig, frame)
+
+
+async def _wait_while(condition, seconds: float, step: float) -> None:
+    """Sleep in steps of `step` while `condition()` holds, for at most `seconds`."""
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until and condition():
+        await asyncio.sleep(step)
 
 
 def _say(line: str) -> None:
@@ -272,11 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = _DrainingServer(config, registry, settings.drain_delay_s)
     registry.on_nothing_served = lambda: setattr(server, "should_exit", True)
-    registry.refuse_uploads = lambda reason: sum(
-        conn.refuse_upload(reason)
-        for conn in list(server.server_state.connections)
-        if hasattr(conn, "refuse_upload")
-    )
+    registry.refuse_uploads = lambda reason: sum(conn.refuse_upload(reason) for conn in server.connections())
 
     def exit_code() -> int:  # 1 when the drain deadline answered requests unscored, or nothing loaded
         return 1 if registry.drain_timed_out or (registry.state == "failed" and not registry.models) else 0

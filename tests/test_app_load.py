@@ -276,20 +276,28 @@ def test_a_second_ctrl_c_during_the_drain_delay_still_finishes_the_requests_in_f
     assert "Traceback" not in s.log()
 
 
+def _queued_then_signalled(s, n: int, *signals: signal.Signals) -> list[httpx.Response]:
+    """The answers to `n` /detect requests, sent at once and all admitted (queued: the flags keep them
+    waiting for company), then `signals` sent to the server 0.3 s apart."""
+
+    def post(i: int) -> httpx.Response:
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            return c.post("/detect", json={"text": f"queued {i}"})
+
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(post, i) for i in range(n)]
+        wait_for(lambda: s.metric("electra_queue_depth", model="detector") == n, what=f"{n} admitted")
+        for i, sig in enumerate(signals):
+            time.sleep(0.3 if i else 0)
+            s.proc.send_signal(sig)
+        return [f.result() for f in futures]
+
+
 def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_dir, tmp_path):
     # The requests wait 20 s for company: longer than the 1 s the drain may take.
     flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "1")
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
-
-        def post(i: int) -> httpx.Response:
-            with httpx.Client(base_url=s.url, timeout=60) as c:
-                return c.post("/detect", json={"text": f"in flight {i}"})
-
-        with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(post, i) for i in range(3)]
-            wait_for(lambda: s.metric("electra_queue_depth", model="detector") == 3, what="3 admitted")
-            s.proc.send_signal(signal.SIGTERM)
-            answers = [f.result() for f in futures]
+        answers = _queued_then_signalled(s, 3, signal.SIGTERM)
         for r in answers:
             assert r.status_code == 503 and r.headers["content-type"].startswith("application/json")
             assert "--graceful-timeout-s" in r.json()["error"]["message"]
@@ -304,18 +312,7 @@ def test_ctrl_c_twice_answers_the_queued_requests_json_503_and_exits_1(bundles_d
     each, and the process exited 0."""
     flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "0")
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
-
-        def post(i: int) -> httpx.Response:
-            with httpx.Client(base_url=s.url, timeout=60) as c:
-                return c.post("/detect", json={"text": f"queued {i}"})
-
-        with ThreadPoolExecutor(3) as pool:
-            futures = [pool.submit(post, i) for i in range(3)]
-            wait_for(lambda: s.metric("electra_queue_depth", model="detector") == 3, what="3 admitted")
-            s.proc.send_signal(signal.SIGINT)
-            time.sleep(0.3)
-            s.proc.send_signal(signal.SIGINT)
-            answers = [f.result() for f in futures]
+        answers = _queued_then_signalled(s, 3, signal.SIGINT, signal.SIGINT)
         for r in answers:
             assert r.status_code == 503 and r.headers["content-type"].startswith("application/json"), r.text
             assert "Ctrl-C twice" in r.json()["error"]["message"] and r.headers.get("retry-after") == "5"

@@ -477,6 +477,23 @@ class _BoundedRead(HttpToolsProtocol):
             state["request_id"] = request_context.incoming_id(cycle.scope)
         return state["request_id"]
 
+    def _under_way(self) -> bool:
+        """A request is being answered (a keep-alive connection keeps its last, answered cycle)."""
+        return self.cycle is not None and not self.cycle.response_complete
+
+    @property
+    def reading_head(self) -> bool:
+        """A request's head half read, no other being answered: the drain waits for it (app/__main__.py)."""
+        return self._in_head and not self._under_way() and not self.transport.is_closing()
+
+    def idle_fd(self) -> int | None:
+        """The socket of a connection with no request under way (new, or its last one answered), where bytes
+        waiting are a request not yet read: the drain polls it (app/__main__.py). None otherwise."""
+        if self._under_way() or self.transport is None or self.transport.is_closing():
+            return None
+        sock = self.transport.get_extra_info("socket")
+        return None if sock is None else sock.fileno()
+
     def refuse_upload(self, reason: str) -> bool:
         """The server stopped (the graceful timeout, a second Ctrl-C) while this connection's request was
         still sending its body: its client gets the 503 of the stop now, and its handler, told the client is

@@ -14,6 +14,7 @@ from app.errors import AppError, ErrorType
 from app.model import scoring as model_scoring
 from app.model.scoring import Encoded
 from app.model.tokenization import Row
+from app.scheduling.lifecycle import Lifecycle
 from app.schemas import ClassifyResponse, DetectResponse, item_field
 
 T = TypeVar("T")
@@ -27,16 +28,13 @@ OFFLOAD_ABOVE_CHARS = 4096
 WATCH_AFTER_S = 0.02
 
 
-async def offload(fn: Callable[[], T], chars: int) -> T:
-    return fn() if chars <= OFFLOAD_ABOVE_CHARS else await asyncio.to_thread(fn)
-
-
-async def tokenized(model, fn: Callable[[], T], chars: int) -> T:
-    """offload, for an admitted request's tokenization: one in a thread is answered the 503 of a stop as
-    soon as the server stops (Lifecycle.unless_stopped), not when its thread is done."""
+async def offload(fn: Callable[[], T], chars: int, lifecycle: Lifecycle | None = None) -> T:
+    """`fn()`, in a thread where the text is long. With the server's `lifecycle` (an admitted request's
+    tokenization), answered the 503 of a stop as soon as the server stops, not when its thread is done."""
     if chars <= OFFLOAD_ABOVE_CHARS:
         return fn()
-    return await model.scheduler.admission.lifecycle.unless_stopped(asyncio.to_thread(fn))
+    work = asyncio.to_thread(fn)
+    return await (lifecycle.unless_stopped(work) if lifecycle is not None else work)
 
 
 # Each stage's header, x-STAGE-time (ms), on every scored answer; the OpenAPI document names them from here.
@@ -149,7 +147,9 @@ async def score(
         t0 = time.perf_counter()
         chars = _chars(items)
         count = limits.while_encoding(field)
-        encoded = await tokenized(model, lambda: kind.encode(model.tokenizer, items, count), chars)
+        encoded = await offload(
+            lambda: kind.encode(model.tokenizer, items, count), chars, model.scheduler.admission.lifecycle
+        )
         t.tokenization_s = time.perf_counter() - t0
         model.scheduler.series.tokenization.observe(t.tokenization_s)
         if encoded.empty:

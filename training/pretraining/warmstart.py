@@ -197,7 +197,7 @@ def load_into(
     chosen: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         ours = _our_name(name)
-        if ours is not None and ours in own and skip_prefixes and ours.startswith(skip_prefixes):
+        if ours is not None and ours in own and ours.startswith(skip_prefixes):
             report.shared.append(name)
             continue
         if ours is None or ours not in own:
