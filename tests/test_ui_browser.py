@@ -960,13 +960,19 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
     port = free_port()
     for run in ("first", "again"):  # the same port, so a log folder each
         (tmp_path / run).mkdir()
+    # Back with the detector exported again at another threshold: the page takes it from the answer (it
+    # kept the old one, and underlined other words than the API's spans).
+    shutil.copytree(MODELS / "detector", tmp_path / "reexported" / "detector")
+    manifest = json.loads((tmp_path / "reexported" / "detector" / "manifest.json").read_text())
+    manifest["threshold"] = 0.05
+    (tmp_path / "reexported" / "detector" / "manifest.json").write_text(json.dumps(manifest))
     with run_server(MODELS, log_dir=tmp_path / "first", port=port) as first:
         open_page(browser, first)
     submit(browser, SENTENCE)
     head, message, todo = error_shown(browser)
     assert message.startswith(f"Could not reach the server at 127.0.0.1:{port}")
     assert todo.startswith("Check that the server is running")
-    with run_server(MODELS, log_dir=tmp_path / "again", port=port) as again:
+    with run_server(tmp_path / "reexported", log_dir=tmp_path / "again", port=port) as again:
         # Stopped, the server takes the request and never answers: the status says so, then the page gives
         # up once its time limit is past (the page's timers run 60 times faster here). It said "Scoring…"
         # for ever, and Check did nothing.
@@ -989,6 +995,14 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
         submit(browser, SENTENCE)
         wait_visible(browser, "detect")
         assert not browser.find_element("id", "error").is_displayed()
+        assert browser.find_element("id", "threshold").get_attribute("value") == "0.05"
+        assert (
+            browser.find_element("id", "threshold-note")
+            .get_attribute("textContent")
+            .startswith("model default")
+        )
+        spans = [s["text"] for s in api_detect(again, SENTENCE, 0.05)["summary"]["spans"]]
+        assert [text for text, _, over in shading(browser) if over] == spans
     # Started again without the detector the page had chosen: the 404 brings the list of models up to date
     # (it kept offering the detector, refused at every Check).
     (tmp_path / "sentiment-only").mkdir()

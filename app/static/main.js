@@ -90,6 +90,12 @@ async function score(model, signal) {
       const { data, ms } = await api("detect", { model: model.name, text, ...threshold, return: "both" }, signal);
       if (switchedAway(model)) return;
       clearError();
+      // Named none and answered at another: the server was started again with a re-exported bundle. The
+      // slider takes the model's new threshold, or the page would underline other words than the answer.
+      if (!("threshold" in threshold) && typeof data.threshold === "number" && data.threshold !== model.threshold) {
+        model.threshold = data.threshold;
+        syncControls();
+      }
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
       // Said again as the slider moves (render.js remark): a count at 0.58 read beside a summary at 0.01.
