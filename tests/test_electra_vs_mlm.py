@@ -4,6 +4,7 @@ config, the summary and table (no training), and the job runner that runs the ru
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,15 @@ def test_run_config_saves_at_the_points_and_round_trips_through_toml(tiny, cost,
 def test_flags_that_would_break_equal_compute_or_the_points_are_refused(argv):
     with pytest.raises(SystemExit):
         bench.parse_args(argv)
+
+
+def test_fine_tuning_flags_are_refused_before_any_pretraining(tmp_path):
+    """A typo in --finetune-args was met by the first fine-tuning run, once both encoders had trained."""
+    for flags, said in ((["--finetune-args=--bogus 1"], "(python -m training.finetune --help lists the options)"),
+                        (["--finetune-args=--batch-size 0"], "--finetune-args: --batch-size: must be positive")):  # fmt: skip
+        with pytest.raises(bench.cli.UsageError, match=re.escape(said)):
+            bench.main([*flags, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
 
 
 def test_defaults():

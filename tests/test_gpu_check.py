@@ -612,6 +612,15 @@ def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
         "cuda", replace(SIZES["full"], claim_seeds="-1"), tmp_path, tmp_path, tmp_path, {}, {}, 10.0
     )
     assert claim_refuses(ctx) == f"{said} '-1'"
+    # A pretraining flag the claim's runs do not know points at the --help that lists theirs, not gpu-check's.
+    ctx = Context("cuda", replace(SIZES["full"], claim_pretrain=("--bogus", "1")), tmp_path, tmp_path, tmp_path, {},
+                  {}, 10.0)  # fmt: skip
+    assert claim_refuses(ctx).endswith("unrecognized arguments: --bogus 1 (python -m training.pretrain --help lists "
+                                       "the options)")  # fmt: skip
+    # A fine-tuning setting no run can take is found now, not by the first fine-tuning run after pretraining.
+    ctx = Context("cuda", replace(SIZES["full"], finetune=("--batch-size", "0")), tmp_path, tmp_path, tmp_path, {},
+                  {}, 10.0)  # fmt: skip
+    assert claim_refuses(ctx) == "the claim's --finetune-args: --batch-size: must be positive, got 0"
 
 
 @pytest.mark.parametrize(

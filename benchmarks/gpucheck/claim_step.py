@@ -7,10 +7,12 @@ import contextlib
 import io
 import json
 
+from benchmarks.cli import UsageError
 from benchmarks.gpucheck.context import Context, run
 from benchmarks.quality.claim_report import OBJECTIVES
 from benchmarks.quality.claim_runs import objective_config
 from benchmarks.quality.electra_vs_mlm import base_config as claim_config
+from benchmarks.quality.electra_vs_mlm import check_finetune_args
 from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
 from options import ConfigError
 
@@ -52,6 +54,7 @@ def claim_refuses(ctx: Context) -> str | None:
         base = claim_config(args)
         for objective in OBJECTIVES:  # --qat, say, suits ELECTRA's run and not the MLM baseline's
             objective_config(base, objective, args.mlm_masking)
+        check_finetune_args(args)
     except SystemExit:
         lines = said.getvalue().strip().splitlines() or ["refused"]
         # argparse's message, less its program name: "argument --seeds: ..." or "--seeds: ..."
@@ -62,6 +65,8 @@ def claim_refuses(ctx: Context) -> str | None:
         return message if message.startswith(f"{ours}:") else f"{ours}: the claim's {message}"
     except ConfigError as e:  # a pretraining run's config: what --claim-pretrain-args added to the mode's
         return f"--claim-pretrain-args: {e}"
+    except UsageError as e:  # the fine-tuning runs' config (gpu-check's own sizes)
+        return f"the claim's {e}"
     return None
 
 

@@ -22,7 +22,9 @@ from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.pretrainkit import Job, latest_state, step_seconds, to_toml, tokenizer_info
 from options import ConfigError, resolve
 from training.errors import write_text_atomically
+from training.finetune import PROG as FINETUNE
 from training.finetuning.config import FinetuneConfig
+from training.pretrain import PROG as PRETRAIN
 from training.pretraining.config import PretrainConfig
 
 # Fields that do not change what a pretraining run learns: a run differing only in these is reused.
@@ -131,7 +133,7 @@ def run_config(
                                    "--tokenizer", str(tok_path), "--max-steps", str(s["steps"]),
                                    "--warmup-steps", str(s["warmup_steps"])]
                   + (["--data-dir", args.data_dir] if args.data_dir else [])
-                  + (["--threads", str(threads)] if threads else []))  # fmt: skip
+                  + (["--threads", str(threads)] if threads else []), prog=PRETRAIN)  # fmt: skip
     return objective_config(cfg, objective, args.mlm_masking)
 
 
@@ -343,6 +345,24 @@ def read_frozen(arms: dict, tasks: list[str], data_dir: str | None, examples: in
     return {"task": task, "train_examples": len(data.splits["train"]), "results": read}
 
 
+def finetune_argv(args, init: str, task: str, out: Path, seed: int, threads: int | None) -> list[str]:
+    # Length-sorted batches (shuffled) halve the padding on these short texts; --finetune-args may undo it.
+    ft_args = ["--init", init, "--task", task, "--out", str(out), "--seed", str(seed),
+               "--epochs", str(args.finetune_epochs), "--lr", str(args.finetune_lr), "--sort-by-length", "true",
+               *shlex.split(args.finetune_args)]  # fmt: skip
+    ft_args += ["--data-dir", args.data_dir] if args.data_dir else []
+    return ft_args + (["--threads", str(threads)] if threads else [])
+
+
+def finetune_config(ft_args: list[str]) -> FinetuneConfig:
+    """The fine-tuning run's config, or a refusal naming --finetune-args (main checks it before any
+    pretraining, with a stand-in checkpoint: a typo there ended a claim only once both runs had trained)."""
+    try:
+        return resolve(FinetuneConfig, ft_args, prog=FINETUNE)
+    except ConfigError as e:
+        raise cli.UsageError(f"--finetune-args: {e}") from None
+
+
 def finetune_job(args, arms: dict, key: tuple, work: Path, threads: int | None, collect) -> Job | None:
     """Fine-tuning of one checkpoint on one task with one seed, key (seed, point index, task, arm: an
     objective or the control), as a job; None when a finished run made from this checkpoint with these
@@ -351,16 +371,8 @@ def finetune_job(args, arms: dict, key: tuple, work: Path, threads: int | None, 
     at = arms[o]["points"][i]
     point = at["fraction"]
     out = work / "finetune" / o / f"at-{point:g}" / task / f"seed{seed}"
-    # Length-sorted batches (shuffled) halve the padding on these short texts; --finetune-args may undo it.
-    ft_args = ["--init", at["checkpoint"], "--task", task, "--out", str(out), "--seed", str(seed),
-               "--epochs", str(args.finetune_epochs), "--lr", str(args.finetune_lr), "--sort-by-length", "true",
-               *shlex.split(args.finetune_args)]  # fmt: skip
-    ft_args += ["--data-dir", args.data_dir] if args.data_dir else []
-    ft_args += ["--threads", str(threads)] if threads else []
-    try:
-        want = dataclasses.asdict(resolve(FinetuneConfig, ft_args))
-    except ConfigError as e:
-        raise cli.UsageError(f"--finetune-args: {e}") from None
+    ft_args = finetune_argv(args, at["checkpoint"], task, out, seed, threads)
+    want = dataclasses.asdict(finetune_config(ft_args))
     made = ("eval_dev.json", "eval_test.json", "finetune_config.json", "trainer_state.json")
     done = all((out / f).is_file() for f in made)
     # A run stopped midway (the claim under `timeout -s INT`) writes its best model so far and these files

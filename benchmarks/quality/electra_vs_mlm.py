@@ -66,6 +66,8 @@ from benchmarks.quality import claim_report as report
 from benchmarks.quality.claim_report import NAMES, OBJECTIVES, RANDOM
 from benchmarks.quality.claim_runs import (
     costs,
+    finetune_argv,
+    finetune_config,
     finetune_job,
     measure_gflops,
     plan,
@@ -82,6 +84,7 @@ from benchmarks.quality.claim_runs import (
 from benchmarks.quality.frozen_features import TRAIN_EXAMPLES
 from benchmarks.quality.pretrainkit import latest_state, run_jobs, shared_tokenizer, tokenizer_info, uses_cuda
 from options import ConfigError, resolve
+from training.pretrain import PROG as PRETRAIN
 from training.pretraining.config import PretrainConfig
 
 # Set by the benchmark for both runs alike; giving them in --pretrain-args would break equal compute (or
@@ -199,7 +202,17 @@ def parse_args(argv):
 
 def base_config(args) -> PretrainConfig:
     return resolve(
-        PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)], template=True
+        PretrainConfig,
+        ["--config", args.model_config, *shlex.split(args.pretrain_args)],
+        template=True,
+        prog=PRETRAIN,  # a refusal names the --help that lists --pretrain-args' flags
+    )
+
+
+def check_finetune_args(args) -> None:
+    """--finetune-args refused now, with a stand-in checkpoint, not once both pretraining runs are done."""
+    finetune_config(
+        finetune_argv(args, "checkpoint", args.tasks[0], Path(args.work) / "finetune", args.seeds[0], None)
     )
 
 
@@ -299,6 +312,7 @@ def main(argv: list[str] | None = None) -> dict:
         base = base_config(args)
     except ConfigError as e:
         raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
+    check_finetune_args(args)
     config = vars(args) | {"points": [float(p) for p in args.points]}  # as given, for the log and the JSON
     print(f"electra_vs_mlm configuration: {json.dumps(config)}", flush=True)
     tok_path, budget, source, steps = budget_and_plan(args, base, work)

@@ -51,6 +51,7 @@ from benchmarks.quality.pretrainkit import (
 )
 from options import ConfigError, resolve
 from training.errors import write_text_atomically
+from training.pretrain import PROG as PRETRAIN
 from training.pretraining.config import PretrainConfig
 
 # Set by the program for every arm alike (or by its own options).
@@ -268,7 +269,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         base = resolve(
-            PretrainConfig, ["--config", args.model_config, *shlex.split(args.pretrain_args)], template=True
+            PretrainConfig,
+            ["--config", args.model_config, *shlex.split(args.pretrain_args)],
+            template=True,
+            prog=PRETRAIN,  # a refusal names the --help that lists --pretrain-args' flags
         )
     except ConfigError as e:
         raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
