@@ -238,13 +238,26 @@ def attach(electra: nn.Module, spec: dict | None = None) -> dict[str, Int8Linear
     return out
 
 
+def float32_decimals(values: torch.Tensor) -> list[float]:
+    """A float32 tensor's values as the shortest decimals that read back to the same float32s: written at
+    a double's 17 digits, the smoothing vectors made each shipped manifest 430 KB, and the tracked tree has
+    a size limit (the GPU machine's carry). A decimal that would not come back exactly stays as it was."""
+    out = []
+    for v in values.detach().float().cpu().reshape(-1).numpy():
+        short = float(str(v))
+        out.append(short if np.float32(short) == v else float(v))
+    return out
+
+
 def spec_of(electra: nn.Module) -> dict:
     """The ElectraConfig.quantization entry for an attached model."""
     mods = {name: m for name, m in electra.named_modules() if isinstance(m, Int8Linear)}
     spec = {"scheme": SCHEME, "weight_max": WEIGHT_MAX,
-            "activations": {name: [float(m.act_scale), int(m.act_zero_point)] for name, m in mods.items()}}  # fmt: skip
+            "activations": {name: [*float32_decimals(m.act_scale), int(m.act_zero_point)] for name, m in mods.items()}}  # fmt: skip
     smoothing = {
-        name: m.act_smooth.tolist() for name, m in mods.items() if not bool((m.act_smooth == 1).all())
+        name: float32_decimals(m.act_smooth)
+        for name, m in mods.items()
+        if not bool((m.act_smooth == 1).all())
     }
     if smoothing:
         spec["smoothing"] = smoothing
