@@ -183,10 +183,29 @@ def test_the_length_aware_calibration_flags_more_swaps_in_short_everyday_sentenc
 def test_the_shipped_manifests_are_written_as_export_writes_them():
     """One list of plain values a line (export.bundle_writer.manifest_text): the detector's int8 ranges
     written a number a line made its manifest 700 KB, and the tracked tree has a size limit (the GPU
-    call carries it whole)."""
+    call carries it whole). Its float32 ranges and smoothing vectors at a double's 17 digits made it 430
+    KB: they are the shortest decimals that read back to the same float32s."""
+    import torch
+
     from export.bundle_writer import manifest_text
+    from training.quantization import float32_decimals
 
     for bundle in ("detector", "sentiment"):
         text = (MODELS / bundle / "manifest.json").read_text()
         assert text == manifest_text(json.loads(text)), bundle
-        assert len(text) < 500_000, (bundle, len(text))
+        assert len(text) < 300_000, (bundle, len(text))
+        quantization = json.loads(text)["source"]["config"]["quantization"]
+        for vector in [*quantization["smoothing"].values(), *quantization["activations"].values()]:
+            values = [v for v in vector if isinstance(v, float)]  # an activation's zero point is an int
+            assert float32_decimals(torch.tensor(values)) == values, bundle
+
+
+def test_float32_values_are_written_as_short_decimals_that_read_back_exactly():
+    import torch
+
+    from training.quantization import float32_decimals
+
+    values = torch.randn(10_000, generator=torch.Generator().manual_seed(0)) * 3
+    written = float32_decimals(values)
+    assert torch.equal(torch.tensor(written, dtype=torch.float32), values)
+    assert len(json.dumps(written)) < 0.65 * len(json.dumps(values.tolist()))
