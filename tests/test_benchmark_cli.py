@@ -8,6 +8,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -21,39 +22,43 @@ MISSING = "/nonexistent-benchmark-input"
 
 
 @pytest.mark.parametrize(
-    ("kind", "text"),
+    ("kind", "text", "said"),
     [
-        (cli.positive_int, "0"),
-        (cli.positive_int, "-3"),
-        (cli.positive_int, "2.5"),
-        (cli.non_negative_int, "-1"),
-        (cli.positive_float, "0"),
-        (cli.positive_float, "-3"),
-        (cli.positive_float, "nan"),
-        (cli.positive_float, "inf"),
-        (cli.non_negative_float, "-0.5"),
-        (cli.positive_ints, ","),
-        (cli.positive_ints, "1,0,4"),
-        (cli.existing_path, MISSING),
-        (cli.positive_ints_or_none, "abc"),
-        (cli.seeds, "abc"),
-        (cli.seeds, "1,-2"),
-        (cli.seeds, ","),
-        (cli.seeds, str(2**63)),
-        (cli.probability, "2"),  # a threshold no token's probability reaches
-        (cli.probability, "-0.1"),
-        (cli.existing_dir, str(REPO / "README.md")),  # a file, as a --data-dir
-        (cli.existing_dir, MISSING),
-        (cli.out_folder, ""),  # Path("") is wherever it runs
-        (cli.out_folder, str(REPO / "README.md" / "results")),  # under a file
-        (cli.detector_models, str(REPO / "models/sentiment")),  # a classifier: /detect answers 404
-        (cli.detector_models, str(REPO)),  # no bundle at all
-        (cli.bundles_in(REPO / "models"), "detector,nosuch"),
-        (cli.bundles_in(REPO / "models"), ","),
+        (cli.positive_int, "0", "at least 1, got '0'"),
+        (cli.positive_int, "-3", "at least 1, got '-3'"),
+        (cli.positive_int, "2.5", "at least 1, got '2.5'"),
+        (cli.non_negative_int, "-1", "0 or more, got '-1'"),
+        (cli.positive_float, "0", "above 0, got '0'"),
+        (cli.positive_float, "-3", "above 0, got '-3'"),
+        (cli.positive_float, "nan", "above 0, got 'nan'"),
+        (cli.positive_float, "inf", "above 0, got 'inf'"),
+        (cli.non_negative_float, "-0.5", "0 or more, got '-0.5'"),
+        (cli.positive_ints, ",", "comma-separated whole numbers"),
+        (cli.positive_ints, "1,0,4", "got '0'"),
+        (cli.existing_path, MISSING, "no such file or directory"),
+        (cli.positive_ints_or_none, "abc", "got 'abc'"),
+        (cli.seeds, "abc", "a seed: a whole number in [0, 2**63), got 'abc'"),
+        (cli.seeds, "1,-2", "got '-2'"),
+        (cli.seeds, ",", "comma-separated seeds"),
+        (cli.seeds, str(2**63), "got '9223372036854775808'"),
+        (cli.probability, "2", "from 0 to 1, got '2'"),  # a threshold no token's probability reaches
+        (cli.probability, "-0.1", "from 0 to 1, got '-0.1'"),
+        (cli.existing_dir, str(REPO / "README.md"), "is a file, not a directory"),  # a file, as a --data-dir
+        (cli.existing_dir, MISSING, "no such file or directory"),
+        (cli.out_folder, "", "an empty path"),  # Path("") is wherever it runs
+        (cli.out_folder, str(REPO / "README.md" / "results"), "README.md is not a directory"),  # under a file
+        (
+            cli.detector_models,
+            str(REPO / "models/sentiment"),
+            "holds no detector bundle",
+        ),  # a classifier: /detect answers 404
+        (cli.detector_models, str(REPO), "no bundle found"),  # no bundle at all
+        (cli.bundles_in(REPO / "models"), "detector,nosuch", "'nosuch' is no bundle"),
+        (cli.bundles_in(REPO / "models"), ",", "comma-separated bundle names"),
     ],
 )
-def test_a_value_no_run_can_use_is_refused(kind, text):
-    with pytest.raises(argparse.ArgumentTypeError):
+def test_a_value_no_run_can_use_is_refused(kind, text, said):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
         kind(text)
 
 

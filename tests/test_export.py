@@ -239,13 +239,30 @@ def test_scoring_per_text_cuts_padding_and_not_answers():
     bundle = Path(__file__).resolve().parents[1] / "models" / "sentiment"
     sess = optimize.session(bundle / "model.onnx")
     inputs = [i.name for i in sess.get_inputs()]
-    texts = [" ".join(hm.text_lines(40, split="valid")[: 1 + i % 7]) for i in range(40)]
+    # Longer part by part (of 8 texts), so that each part's longest text is shorter than the longest of all.
+    words = " ".join(hm.text_lines(40, split="valid")).split()
+    texts = [" ".join(words[i : i + 8 + 20 * (i // 8) + i % 5]) for i in range(40)]
     data, _ = evaldata.encode(
         Tokenizer.from_file(str(bundle / "tokenizer.json")), texts, 256, 40, min_tokens=1
     )
-    padded = parity.run_batched(sess, inputs, data, rows=8)
-    cut = parity.run_batched(sess, inputs, data, rows=8, per_text=True)
-    np.testing.assert_allclose(cut, padded, atol=1e-5)
+
+    class Widths:  # the session, recording the width of each part it is given
+        def __init__(self):
+            self.seen = []
+
+        def run(self, names, feed):
+            self.seen.append(feed["input_ids"].shape[1])
+            return sess.run(names, feed)
+
+    padded, cut = Widths(), Widths()
+    answers = parity.run_batched(padded, inputs, data, rows=8)
+    np.testing.assert_allclose(
+        parity.run_batched(cut, inputs, data, rows=8, per_text=True), answers, atol=1e-5
+    )
+    longest = [int(data.attention_mask[i : i + 8].sum(axis=1).max()) for i in range(0, 40, 8)]
+    assert (
+        padded.seen == [data.input_ids.shape[1]] * 5 and cut.seen == longest and min(longest) < max(longest)
+    )
 
 
 def test_int8_accuracy_gate_refuses_and_writes_nothing(tmp_path, classifier_dir, monkeypatch):
