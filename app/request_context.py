@@ -8,6 +8,7 @@ import logging
 import re
 import uuid
 from contextvars import ContextVar
+from urllib.parse import quote
 
 from app.errors import for_log
 
@@ -40,10 +41,17 @@ def answer_headers(rid: bytes) -> tuple[tuple[bytes, bytes], ...]:
     return (b"x-request-id", rid), (b"x-content-type-options", b"nosniff")
 
 
+# RFC 3986's characters of a path (pchar and "/") that need no percent-encoding.
+PATH_CHARACTERS = "/:@!$&'()*+,;=~"
+
+
 def access_line(scope, status: int, elapsed_s: float | None, model: str, rid: str) -> str:
     """--access-log's line: client, method, path, status, time (unknown for a request no route took),
     model and x-request-id."""
-    client = for_log(str((scope.get("client") or ("-", 0))[0]), 64)  # X-Forwarded-For's, from a trusted proxy
+    # X-Forwarded-For's, from a trusted proxy (docs/deploy.md), which passes on what its client sent there.
+    client = for_log(quote(str((scope.get("client") or ("-", 0))[0]), safe=":.[]-"), 64)
     took = f"{elapsed_s * 1000:.1f} ms" if elapsed_s is not None else "-"
-    method, path = for_log(scope["method"], 16), for_log(scope["path"])
+    # The path percent-encoded again: decoded, a space in it ("/x%20200%201.0%20ms") wrote fields of a
+    # forged status and time into the line, which is split on spaces.
+    method, path = for_log(scope["method"], 16), for_log(quote(scope["path"], safe=PATH_CHARACTERS))
     return f"{client} {method} {path} {status} {took} model={model or '-'} x-request-id={rid}"

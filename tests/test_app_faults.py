@@ -81,11 +81,15 @@ def test_a_poisoned_request_fails_alone_and_its_batch_mates_are_answered(bundles
         assert "POST /detect 500" in server.log() and "x-request-id=trace-3" in server.log()  # the access log
         assert "loaded and warmed up" not in server.log()  # an INFO line: --log-level warning holds for them
         assert "Traceback" in server.log() and "InjectedFault" in server.log()
-        # A path's CR LF (percent-encoded, decoded by the server) cannot begin a line of its own in the log.
+        # A path's CR LF (percent-encoded, decoded by the server) cannot begin a line of its own in the log,
+        # nor its spaces write fields of their own into the access line (a 200 and a model for a 404).
         assert client.get("/x%0d%0a2026-01-01 00:00:00,000 INFO app: forged%1b[31m").status_code == 404
+        assert client.get("/y%20200%201.0%20ms%20model=detector").status_code == 404
         lines = server.log().splitlines()
         assert not any(line.startswith("2026-01-01") for line in lines) and "\x1b" not in server.log()
-        assert any("GET /x\\r\\n2026-01-01" in line and "forged\\x1b[31m 404" in line for line in lines)
+        assert any("GET /x%0D%0A2026-01-01%2000:00:00,000%20INFO%20app:%20forged%1B%5B31m 404 -" in line
+                   for line in lines)  # fmt: skip
+        assert any("GET /y%20200%201.0%20ms%20model=detector 404 - model=-" in line for line in lines)
         # The server goes on serving, and the requests' queue is empty again.
         assert client.post("/detect", json={"text": TEXTS[0]}).status_code == 200
         assert server.metric("electra_queue_depth", model="detector") == 0

@@ -139,6 +139,11 @@ def test_the_shipped_classifier_takes_the_single_texts_it_was_fine_tuned_on(tmp_
             r.json()["error"]["field"] == "pairs" and "send `text` or `texts`" in r.json()["error"]["message"]
         )
         assert client.post("/classify", json={"texts": ["a fine film"]}).status_code == 200
+        # The refusal is the model's own: counted under its name (it was model="", beside its 200s).
+        assert (
+            server.metric("electra_requests_total", endpoint="/classify", model="sentiment", status="422")
+            == 1
+        )
 
 
 # The shipped detector's map before issue 36: one scale and bias fitted on WikiText-2 and news sentences

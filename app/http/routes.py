@@ -112,6 +112,7 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     max_batch = request.app.state.settings.max_batch_size
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier", _arrived_before_drain(request))
+    _label(request, model.name)  # the model's own refusals below count under its name too
     _check_trained_on(model.name, model.bundle.manifest, field)
     _check_top_k(model.name, model.bundle.manifest, data.top_k)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
