@@ -5,6 +5,8 @@ from any directory, and --threads beyond the machine is refused before torch's p
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -43,14 +45,23 @@ def stopped(tiny_init, tmp_path_factory) -> tuple[Path, list[str]]:
     return where / "out", args
 
 
-def refused(argv: list[str], *says: str, cwd: Path = REPO) -> str:
-    done = subprocess.run([sys.executable, "-m", "training.finetune", *argv], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+def refused(argv: list[str], *says: str, own_process: bool = False) -> str:
+    """Run fine-tuning in this process (one of its own loads torch again, seconds a refusal) or, with
+    `own_process`, in a process of its own, as a user does; its stderr, once it exited 2 with no traceback."""
+    if own_process:
+        done = subprocess.run([sys.executable, "-m", "training.finetune", *argv], cwd=REPO, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+        code, stderr = done.returncode, done.stderr
+    else:
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as exit:
+            finetune(argv)
+        code, stderr = exit.value.code, said.getvalue()
+    assert code == 2, stderr[-2000:]
+    assert "Traceback" not in stderr, stderr[-2000:]
     for s in says:
-        assert s in done.stderr, (s, done.stderr[-2000:])
-    return done.stderr
+        assert s in stderr, (s, stderr[-2000:])
+    return stderr
 
 
 def test_a_registry_task_whose_data_cannot_be_fetched_is_a_failure_not_an_input_to_change(
@@ -412,5 +423,5 @@ def test_an_out_held_by_a_live_run_is_refused_naming_it_before_what_it_holds(sto
     with held_elsewhere(out) as pid:
         in_use = f"is in use: another training process (pid {pid})"
         for argv in (stopped[1][:-1] + [str(out)], ["--out", str(out), "--resume"]):
-            assert "already holds" not in refused(argv, in_use)
+            assert "already holds" not in refused(argv, in_use, own_process=True)
     refused(stopped[1][:-1] + [str(out)], "already holds", "pass --resume")
