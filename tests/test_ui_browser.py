@@ -954,6 +954,45 @@ def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
         assert not browser.find_element("id", "error").is_displayed()
 
 
+def test_a_slider_moved_while_a_check_scores_stays_where_the_user_put_it(browser, tmp_path):
+    """The page follows a re-exported detector's threshold from the answer (the test below), but not over
+    a slider the user moved while that Check was under way: it jumped back to the server's default."""
+    import shutil
+
+    port, models = free_port(), tmp_path / "models"
+    shutil.copytree(MODELS / "detector", models / "detector")
+    for run in ("first", "again"):  # the same port, so a log folder each
+        (tmp_path / run).mkdir()
+    with run_server(models, log_dir=tmp_path / "first", port=port) as first:
+        open_page(browser, first)
+        submit(browser, SENTENCE)
+        wait_visible(browser, "detect")  # the slider is shown with a detector's result
+    manifest = json.loads((models / "detector" / "manifest.json").read_text())
+    manifest["threshold"] = 0.05
+    (models / "detector" / "manifest.json").write_text(json.dumps(manifest))
+    with run_server(models, log_dir=tmp_path / "again", port=port) as again:
+        hold_requests(browser)
+        browser.find_element("id", "run").click()
+        slider = browser.find_element("id", "threshold")
+        slider.send_keys(Keys.ARROW_RIGHT, Keys.ARROW_RIGHT, Keys.ARROW_RIGHT)
+        moved = slider.get_attribute("value")
+        assert float(moved) > 0.05
+        browser.execute_script("document.getElementById('status').textContent = 'waiting';")
+        release_requests(browser, 1)
+        WebDriverWait(browser, WAIT_S).until(
+            lambda d: d.find_element("id", "status").text.startswith("Scored")
+        )
+        assert slider.get_attribute("value") == moved
+        # Its note names the model's new default, and the marks are the API's at the user's threshold.
+        assert (
+            browser.find_element("id", "threshold-note")
+            .get_attribute("textContent")
+            .endswith("(model default 0.05)")
+        )
+        spans = [s["text"] for s in api_detect(again, SENTENCE, float(moved))["summary"]["spans"]]
+        assert [text for text, _, over in shading(browser) if over] == spans
+
+
 def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, tmp_path):
     import shutil
 

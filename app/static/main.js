@@ -7,7 +7,7 @@ import { $, state, selectedModel, takesPairs } from "./state.js";
 import { ApiError, REPLACED, api, askForKey, clearError, modelsChanged, showError } from "./api.js";
 import {
   atDefault, detectSaid, followTip, hideTip, hoverTip, onMarkedKey, renderClassify, renderDetect, showTip,
-  thresholdMoved, thresholdNow, took,
+  remark, thresholdMoved, thresholdNow, took,
 } from "./render.js";
 import { inputOf, loadModels, markStaleIfEdited, syncControls } from "./controls.js";
 
@@ -91,10 +91,16 @@ async function score(model, signal) {
       if (switchedAway(model)) return;
       clearError();
       // Named none and answered at another: the server was started again with a re-exported bundle. The
-      // slider takes the model's new threshold, or the page would underline other words than the answer.
+      // slider takes the model's new threshold, or the page would underline other words than the answer;
+      // unless the user moved it while this scored, which stays where they put it.
       if (!("threshold" in threshold) && typeof data.threshold === "number" && data.threshold !== model.threshold) {
+        const moved = atDefault(Number($("threshold").value)) ? null : $("threshold").value;
         model.threshold = data.threshold;
         syncControls();
+        if (moved !== null) {
+          $("threshold").value = moved;
+          remark();
+        }
       }
       state.detect = { text, result: data.results[0], cps: codePointIndex(text) };
       renderDetect();
