@@ -109,7 +109,8 @@ def test_flags_that_would_break_equal_compute_or_the_points_are_refused(argv):
 def test_fine_tuning_flags_are_refused_before_any_pretraining(tmp_path):
     """A typo in --finetune-args was met by the first fine-tuning run, once both encoders had trained."""
     for flags, said in ((["--finetune-args=--bogus 1"], "(python -m training.finetune --help lists the options)"),
-                        (["--finetune-args=--batch-size 0"], "--finetune-args: --batch-size: must be positive")):  # fmt: skip
+                        (["--finetune-args=--batch-size 0"], "--finetune-args: --batch-size: must be positive"),
+                        (["--finetune-args=--max-seq-len 4096"], "--max-seq-len 4096 exceeds the 512 positions")):  # fmt: skip
         with pytest.raises(bench.cli.UsageError, match=re.escape(said)):
             bench.main([*flags, "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()

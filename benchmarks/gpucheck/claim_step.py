@@ -54,7 +54,7 @@ def claim_refuses(ctx: Context) -> str | None:
         base = claim_config(args)
         for objective in OBJECTIVES:  # --qat, say, suits ELECTRA's run and not the MLM baseline's
             objective_config(base, objective, args.mlm_masking)
-        check_finetune_args(args)
+        check_finetune_args(args, base)
     except SystemExit:
         lines = said.getvalue().strip().splitlines() or ["refused"]
         # argparse's message, less its program name: "argument --seeds: ..." or "--seeds: ..."

@@ -86,6 +86,7 @@ from benchmarks.quality.pretrainkit import latest_state, run_jobs, shared_tokeni
 from options import ConfigError, resolve
 from training.pretrain import PROG as PRETRAIN
 from training.pretraining.config import PretrainConfig
+from training.pretraining.model import fresh_positions
 
 # Set by the benchmark for both runs alike; giving them in --pretrain-args would break equal compute (or
 # lose the checkpoints of the points).
@@ -209,11 +210,16 @@ def base_config(args) -> PretrainConfig:
     )
 
 
-def check_finetune_args(args) -> None:
-    """--finetune-args refused now, with a stand-in checkpoint, not once both pretraining runs are done."""
-    finetune_config(
+def check_finetune_args(args, base: PretrainConfig) -> None:
+    """--finetune-args refused now, with a stand-in checkpoint, not once both pretraining runs are done:
+    its own options, and a --max-seq-len past the positions the pretrained encoders will have."""
+    ft = finetune_config(
         finetune_argv(args, "checkpoint", args.tasks[0], Path(args.work) / "finetune", args.seeds[0], None)
     )
+    positions = fresh_positions(base)
+    if base.init is None and ft.max_seq_len > positions:
+        raise cli.UsageError(f"--finetune-args: --max-seq-len {ft.max_seq_len} exceeds the {positions} positions "
+                             f"the pretrained encoders will have: give {positions} or less")  # fmt: skip
 
 
 def print_plan(budget: float, source: str, vocab: int, steps: dict, gflops: float) -> None:
@@ -312,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict:
         base = base_config(args)
     except ConfigError as e:
         raise cli.UsageError(f"--model-config/--pretrain-args: {e}") from None
-    check_finetune_args(args)
+    check_finetune_args(args, base)
     config = vars(args) | {"points": [float(p) for p in args.points]}  # as given, for the log and the JSON
     print(f"electra_vs_mlm configuration: {json.dumps(config)}", flush=True)
     tok_path, budget, source, steps = budget_and_plan(args, base, work)

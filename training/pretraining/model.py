@@ -13,6 +13,12 @@ from training.pretraining.objective import ElectraObjective, MLMObjective
 from training.pretraining.warmstart import WarmStart, load_warm_start
 
 
+def fresh_positions(cfg) -> int:
+    """A fresh model's positions: 512, as ELECTRA's checkpoints have, whatever --seq-len (fine-tuning may go
+    longer), or --seq-len above it."""
+    return max(512, cfg.seq_len)
+
+
 def build_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
     """The objective module with fresh weights: the discriminator's shape from the options, or from the
     warm start's source; the generator scaled from it (or the source's own)."""
@@ -22,11 +28,10 @@ def build_objective(cfg, vocab_size: int, warm: WarmStart | None = None):
         positions = None if source.trained_positions is None else max(source.trained_positions, cfg.seq_len)
         disc_cfg = ElectraConfig(**{**source.to_dict(), **dropout, "trained_positions": positions})
     else:
-        # 512 positions, as ELECTRA's checkpoints have, whatever --seq-len: fine-tuning may go longer.
         disc_cfg = ElectraConfig(
             vocab_size=vocab_size, embedding_size=cfg.embedding_size, hidden_size=cfg.hidden_size,
             num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-            intermediate_size=cfg.intermediate_size, max_position_embeddings=max(512, cfg.seq_len), **dropout,
+            intermediate_size=cfg.intermediate_size, max_position_embeddings=fresh_positions(cfg), **dropout,
             trained_positions=cfg.seq_len,
         )  # fmt: skip
     if cfg.objective == "mlm":
