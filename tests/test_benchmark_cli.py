@@ -47,11 +47,8 @@ MISSING = "/nonexistent-benchmark-input"
         (cli.existing_dir, MISSING, "no such file or directory"),
         (cli.out_folder, "", "an empty path"),  # Path("") is wherever it runs
         (cli.out_folder, str(REPO / "README.md" / "results"), "README.md is not a directory"),  # under a file
-        (
-            cli.detector_models,
-            str(REPO / "models/sentiment"),
-            "holds no detector bundle",
-        ),  # a classifier: /detect answers 404
+        # A classifier: /detect answers 404.
+        (cli.detector_models, str(REPO / "models/sentiment"), "holds no detector bundle"),
         (cli.detector_models, str(REPO), "no bundle found"),  # no bundle at all
         (cli.bundles_in(REPO / "models"), "detector,nosuch", "'nosuch' is no bundle"),
         (cli.bundles_in(REPO / "models"), ",", "comma-separated bundle names"),
