@@ -5,8 +5,6 @@ from any directory, and --threads beyond the machine is refused before torch's p
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import shutil
@@ -24,6 +22,7 @@ try:
 except ImportError:  # tests/ made a package
     from tests.test_finetune import write_csv
 from tests.helpers_models import held_elsewhere
+from tests.helpers_refusals import refused_by
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,22 +45,9 @@ def stopped(tiny_init, tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def refused(argv: list[str], *says: str, own_process: bool = False) -> str:
-    """Run fine-tuning in this process (one of its own loads torch again, seconds a refusal) or, with
-    `own_process`, in a process of its own, as a user does; its stderr, once it exited 2 with no traceback."""
-    if own_process:
-        done = subprocess.run([sys.executable, "-m", "training.finetune", *argv], cwd=REPO, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
-        code, stderr = done.returncode, done.stderr
-    else:
-        said = io.StringIO()
-        with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as exit:
-            finetune(argv)
-        code, stderr = exit.value.code, said.getvalue()
-    assert code == 2, stderr[-2000:]
-    assert "Traceback" not in stderr, stderr[-2000:]
-    for s in says:
-        assert s in stderr, (s, stderr[-2000:])
-    return stderr
+    """Fine-tuning's refusal (tests/helpers_refusals.py): in this process, or in one of its own."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return refused_by(finetune, "training.finetune", argv, says, () if own_process else None, env)
 
 
 def test_a_registry_task_whose_data_cannot_be_fetched_is_a_failure_not_an_input_to_change(

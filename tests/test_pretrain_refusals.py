@@ -5,8 +5,6 @@ of copies, quoted numbers in a --config file."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -19,6 +17,7 @@ import pytest
 
 import options
 from tests.helpers_models import held_elsewhere
+from tests.helpers_refusals import refused_by
 from training.pretrain import main as pretrain
 from training.pretraining.config import PretrainConfig
 
@@ -40,23 +39,9 @@ def finished(tmp_path_factory, small_corpus, small_tokenizer) -> Path:
 
 
 def refused(argv: list[str], *says: str, prefix: tuple[str, ...] | None = None) -> str:
-    """Run pretraining, in this process (a process of its own loads torch again: 3-6 s a refusal, 2 minutes
-    of the file), or, given a `prefix` (() or a command that runs it), in a process of its own, as a user
-    does; its stderr, once it exited 2 with no traceback."""
-    if prefix is not None:
-        done = subprocess.run([*prefix, sys.executable, "-m", "training.pretrain", *argv], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
-        code, stderr = done.returncode, done.stderr
-    else:
-        said = io.StringIO()
-        with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as exit:
-            pretrain(argv)
-        code, stderr = exit.value.code, said.getvalue()
-    assert code == 2, stderr[-2000:]
-    assert "Traceback" not in stderr, stderr[-2000:]
-    for s in says:
-        assert s in stderr, (s, stderr[-2000:])
-    return stderr
+    """Pretraining's refusal (tests/helpers_refusals.py): in this process, or in one of its own given a
+    `prefix` (() or a command that runs it)."""
+    return refused_by(pretrain, "training.pretrain", argv, says, prefix)
 
 
 def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
