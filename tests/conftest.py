@@ -81,13 +81,65 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
     return d
 
 
+# --------------------------------------------------------------------------------------------- tiers
+# The suite runs in two tiers. A run that names no tests (scripts/test, the README's command) takes the
+# quick one: every test but those marked `slow`, within the 15 minutes the README promises on two cores.
+# The slow tier holds the end-to-end runs that cost 10 s to a few minutes each (Ray clusters, torchrun
+# launches, kills and resumes, browsers, installs): .ci/run runs it after the quick tier, so CI runs
+# every test. A run that names tests (paths, -k, -m) runs what it names, whatever its tier.
+TIERS = ("quick", "slow", "all")
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--tier", choices=TIERS, default=None,
+        help="quick: every test not marked slow (the default of a run that names no tests); slow: those "
+             "alone (.ci/run runs them after the quick ones); all: both. A run that names tests (paths, -k, "
+             "-m) runs every test it names unless --tier is given.",
+    )  # fmt: skip
+
+
+def pytest_configure(config) -> None:
+    # Resolved once, where the command line was given: pytest-xdist's workers get the options as resolved
+    # here, but not how the command line named its tests.
+    if not hasattr(config, "workerinput") and config.option.tier is None:
+        named = config.args_source != pytest.Config.ArgsSource.TESTPATHS
+        config.option.tier = "all" if named or config.option.keyword or config.option.markexpr else "quick"
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    tier = config.option.tier or "all"
+    if tier == "all":
+        return
+    keep, left = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("slow") is not None) == (tier == "slow") else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = keep
+
+
+def pytest_report_header(config) -> str:
+    tier = config.option.tier
+    if tier == "quick":
+        return (
+            "tier: quick (the tests marked slow are left out: --tier all runs every test, --tier slow those)"
+        )
+    return f"tier: {tier}"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """What a test records as `record_property("ci_log", text)`, printed at the end of the run whether it
     passed or not: the CI log's copy of a table. A test cannot print to the terminal itself when it runs
-    in a pytest-xdist worker, as scripts/test runs it."""
+    in a pytest-xdist worker, as scripts/test runs it. Last, what the quick tier left out."""
     for outcome in ("passed", "failed"):
         for report in terminalreporter.stats.get(outcome, []):
             for name, text in getattr(report, "user_properties", ()):
                 if name == "ci_log" and report.when == "call":
                     terminalreporter.write_sep("-", report.nodeid)
                     terminalreporter.write_line(text)
+    if terminalreporter.config.option.tier == "quick":
+        terminalreporter.write_sep("-", "the quick tier: the tests marked slow were left out")
+        terminalreporter.write_line(
+            "scripts/test --tier slow runs them (.ci/run does, after these); --tier all runs both"
+        )

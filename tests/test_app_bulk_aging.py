@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 try:
     from app_fixtures import bundles_dir, run_server  # noqa: F401 (fixture)
@@ -21,6 +22,7 @@ SHORT = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)  # 360 to
 LONG = " ".join(["a long request is scored window by window in the bulk lane"] * 60)  # 1,080 tokens
 
 
+@pytest.mark.slow
 def test_a_long_request_is_answered_while_short_ones_keep_every_runner_busy(bundles_dir: Path, tmp_path):
     # One runner, and batches of one window (128 tokens): each short request is four runs, more of the
     # runner's time than the event loop spends on it, so the closed loop keeps the interactive lane from ever

@@ -294,6 +294,7 @@ def test_models_lists_a_quantized_bundles_long_vectors_by_count():
     assert b"numbers (in the bundle's manifest.json)" in listed
 
 
+@pytest.mark.slow
 def test_a_request_naming_no_model_goes_to_the_default_the_operator_set(bundles_dir, tmp_path):
     """The first bundle by name was the only rule: a classifier of one's own named "mysent" beside the shipped
     "sentiment" took every /classify that named no model. --default-classifier (and --default-detector)

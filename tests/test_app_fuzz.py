@@ -15,6 +15,7 @@ except ImportError:  # tests/ made a package
     from tests.app_fixtures import REPO, app_env, bundles_dir, run_server  # noqa: F401
 
 
+@pytest.mark.slow
 def test_schemathesis_finds_no_server_error(bundles_dir: Path, tmp_path: Path):
     with run_server(bundles_dir, "--max-batch-size", "8", log_dir=tmp_path) as s:
         cmd = [

@@ -137,6 +137,7 @@ def fresh_server(bundles_dir: Path, tmp_path):
         yield s
 
 
+@pytest.mark.slow
 def test_resident_memory_comes_back_after_maximum_size_requests(fresh_server):
     server = fresh_server  # no large request has run in it yet: the baseline is the warm server's
     with server.client(timeout=60) as c:

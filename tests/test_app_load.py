@@ -235,6 +235,7 @@ def test_sigterm_while_starting_stops_a_server_that_runs_as_pid_1(bundles_dir, t
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_dir, tmp_path):
     # What a load balancer needs: /ready 503 at once, requests still answered until its next health
     # check has taken the replica out, each response closing its connection so the next one goes elsewhere.
@@ -253,6 +254,7 @@ def test_sigterm_with_drain_delay_leaves_rotation_while_still_serving(bundles_di
     assert "Traceback" not in s.log()
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_during_the_drain_delay_still_finishes_the_requests_in_flight(bundles_dir, tmp_path):
     # The second Ctrl-C drains at once; the delay's own drain, when it came due, used to count as a third:
     # uvicorn then quit at once, without the request in flight (waiting 6 s for company) or the shutdown.

@@ -190,6 +190,7 @@ def _texts_of(model_tokens: int, word: str = "river") -> list[str]:
     return [" ".join([word] * (each + (i < extra))) for i in range(rows)]
 
 
+@pytest.mark.slow
 def test_the_start_warning_that_large_requests_get_413_is_kept_by_the_server(tmp_path):
     """At 600 MiB the shipped models leave one row per session or not, depending on what they keep resident
     on the machine: where they do not, the server warns that every request over --interactive-tokens gets
@@ -213,6 +214,7 @@ def test_the_start_warning_that_large_requests_get_413_is_kept_by_the_server(tmp
             assert r.status_code == status, (tokens, r.text)
 
 
+@pytest.mark.slow
 def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(tmp_path):
     # The shipped models need ~500 MiB resident: 300 MiB leaves nothing for a large request's batches.
     with (
@@ -238,6 +240,7 @@ def test_a_server_below_its_models_refuses_large_requests_and_serves_sentences(t
         assert r.status_code == 200 and len(r.json()["results"]) == 16
 
 
+@pytest.mark.slow
 def test_a_server_with_room_answers_large_requests(tmp_path):
     with (
         run_server(REPO / "models", "--memory-limit-mb", "100000", log_dir=tmp_path) as server,

@@ -44,6 +44,7 @@ def _load_check_on_avx2(work: Path, bundle: Path) -> tuple[subprocess.CompletedP
     return done, lines[0]["load_check"]
 
 
+@pytest.mark.slow
 def test_the_shipped_detector_passes_its_load_check_on_avx2_kernels_run_natively(work):
     done, check = _load_check_on_avx2(work, REPO / "models" / "detector")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -89,6 +90,7 @@ def test_with_faulthandler_on_onnxruntime_loads_and_any_other_sigill_still_ends_
             assert "Fatal Python error: Illegal instruction" in ill.stderr, ill.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_eight_bit_weights_saturate_on_avx2_and_its_load_check_catches_it(
     work, tmp_path, registry_data, monkeypatch
 ):

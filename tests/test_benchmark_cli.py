@@ -320,6 +320,7 @@ def test_disc_probe_given_no_checkpoint_says_error_and_exits_2(inside, tmp_path,
     assert not (tmp_path / "probe.json").exists()
 
 
+@pytest.mark.slow
 def test_classify_accuracy_refuses_a_detector_and_a_task_of_other_labels_before_serving(
     registry_data, capsys
 ):
@@ -803,6 +804,7 @@ def test_every_option_passing_flags_takes_a_lone_flag(module, option, refused, c
     assert "expected one argument" not in err and refused[-2] in err
 
 
+@pytest.mark.slow
 def test_everyday_sentences_scores_what_fits_a_short_rowed_bundles_rows(tmp_path, capsys):
     """A bundle of 64-token rows (a run at --seq-len 64) failed with an AssertionError traceback on the
     longer sentences: they are left out, as the bundle's calibration left them out."""

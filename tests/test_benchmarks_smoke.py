@@ -41,6 +41,7 @@ def bench(registry_data):
     return registry_data
 
 
+@pytest.mark.slow
 def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Path, tmp_path: Path):
     from benchmarks.load import peer_check, serving
     from benchmarks.load.loadmodels import prepare
@@ -70,6 +71,7 @@ def test_all_compared_servers_give_the_same_probabilities(bench, bundles_dir: Pa
                 assert max(abs(a - b) for a, b in zip(p_a, p_b, strict=True)) < 1e-4, kind
 
 
+@pytest.mark.slow
 def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k != "ELECTRA_DATA_DIR"}
     cmd = [
@@ -94,6 +96,7 @@ def test_load_profile_runs_locust_and_writes_a_table(bench, bundles_dir: Path, t
     assert (tmp_path / "smoke.md").read_text().startswith("## Load profile")
 
 
+@pytest.mark.slow
 def test_load_profile_on_a_url_sends_the_servers_api_key_and_refuses_without_it(
     bench, bundles_dir: Path, tmp_path: Path, monkeypatch, capsys
 ):
@@ -321,6 +324,7 @@ def test_sigterm_to_a_load_benchmark_stops_the_server_it_started(bench, bundles_
         proc.wait()
 
 
+@pytest.mark.slow
 def test_bulk_aging_runs_both_orders_and_reads_the_aged_counter(
     registry_data, bundles_dir: Path, tmp_path: Path
 ):

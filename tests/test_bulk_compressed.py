@@ -206,6 +206,7 @@ def _as_plain(got: list[dict]) -> list[dict]:
     return sorted(renamed, key=lambda r: (r["file"], r["line"]))
 
 
+@pytest.mark.slow
 def test_compressed_shards_score_to_the_rows_of_their_plain_copies(tmp_path, packed, plain_rows):
     out = tmp_path / "out"
     done = run_bulk(packed, out, "detector", "--workers", "2")
@@ -216,6 +217,7 @@ def test_compressed_shards_score_to_the_rows_of_their_plain_copies(tmp_path, pac
     assert _as_plain(got) == plain_rows  # ids, lines and every score
 
 
+@pytest.mark.slow
 def test_a_killed_worker_on_a_compressed_part_then_the_same_command_gives_the_rows_of_one_run(
     tmp_path, packed, plain_rows
 ):

@@ -502,6 +502,7 @@ def test_everyday_corpora_are_sentences_a_user_would_type(data_dir):
     assert 0 < len(valid) < len(wordnet) / 20 and not valid & set(wordnet)
 
 
+@pytest.mark.slow
 def test_definitions_and_questions_leave_out_what_evaluation_reads(data_dir):
     """Issue 46's further corpora: GCIDE's definitions (from Debian's dict-gcide) and WordNet's glosses,
     without WordNet's usage examples (an evaluation source) or GCIDE's copies of them and its

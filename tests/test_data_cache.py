@@ -185,6 +185,7 @@ def test_the_entries_kept_are_the_most_recently_used(cache, monkeypatch):
     assert len(list(cache.glob("tokenizer-*"))) == 2
 
 
+@pytest.mark.slow
 def test_two_runs_on_a_registry_corpus_train_on_the_same_bytes_and_the_second_trains_no_tokenizer(
     tmp_path, registry_data
 ):

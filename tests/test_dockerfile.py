@@ -49,6 +49,7 @@ def test_each_install_trusts_a_proxys_ca_and_pins_its_engine(name, engine):
     assert any(line.startswith(f"{engine}==") for line in pins), f"{engine} is not pinned"
 
 
+@pytest.mark.slow
 def test_cpu_image_steps_install_a_torch_free_server_that_serves(tmp_path, bundles_dir):
     build = stage("build-cpu")
     copied = [line.split()[:-1] for line in re.findall(r"^COPY (.+)$", build, flags=re.M)]

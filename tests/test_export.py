@@ -571,6 +571,7 @@ def test_export_refuses_what_it_cannot_export_as_an_input_to_change(tmp_path, ca
     assert not (tmp_path / "bundle").exists()
 
 
+@pytest.mark.slow
 def test_detector_export_calibrates_and_chooses_a_threshold(tmp_path, detector_dir, registry_data):
     """The map is in the graph (what every consumer of model.onnx gets), fitted on held-out sentences;
     the manifest records it, the operating point, and a default threshold chosen on the exported model."""
@@ -1113,6 +1114,7 @@ def test_ctrl_c_while_torch_loads_says_what_a_later_one_does(tmp_path, detector_
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_max_length_that_leaves_too_few_calibration_sentences_is_refused(
     tmp_path, detector_dir, tokenizer_dir, registry_data
 ):

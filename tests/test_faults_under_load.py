@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_sigkill_behind_haproxy_and_an_engine_fault_keep_their_promises(tmp_path):
     if not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").is_file()):
         pytest.skip("needs Debian's haproxy (run .ci/machine-deps)")

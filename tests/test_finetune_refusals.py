@@ -77,6 +77,7 @@ def copy_of(stopped, tmp_path: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_loss_no_longer_finite_ends_the_run_without_a_model(tiny_init, tmp_path):
     data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "out"
     done = subprocess.run([sys.executable, "-m", "training.finetune", *args_for(tiny_init, data, out, "--lr", "1e6")],

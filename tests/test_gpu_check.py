@@ -38,6 +38,7 @@ def cpu_run(tmp_path_factory):
     return done, out
 
 
+@pytest.mark.slow
 def test_every_step_runs_on_cpu(cpu_run, record_property):
     done, out = cpu_run
     report = json.loads((out / "results.json").read_text())
@@ -88,6 +89,7 @@ def test_every_step_runs_on_cpu(cpu_run, record_property):
     assert "tok_s=" in logs
 
 
+@pytest.mark.slow
 def test_a_second_check_on_the_same_machine_repeats_the_steps(cpu_run, tmp_path):
     """The steps' run directories are gpu-check's own: a second call (a later call of the same loan) runs
     them again instead of failing on the runs the first one left (as torchrun did on the H200)."""
@@ -114,6 +116,7 @@ def processes_naming(path: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_a_check_stopped_mid_step_says_how_far_it_got(tmp_path):
     """`timeout -s INT` ends a call before the device tool's limit: the step in progress is recorded as
     interrupted, with the end of its log, and results.json and results.md are written. Started with SIGINT
@@ -161,6 +164,7 @@ process.finish()
 """
 
 
+@pytest.mark.slow
 def test_a_training_step_stopped_by_sigint_saves_the_step_it_was_on(tmp_path, small_corpus, small_tokenizer):
     """`timeout -s INT` ends a call: the step's training run gets SIGTERM, saves after its current step and
     exits, inside the grace. (It was SIGKILLed: every step since its last save was lost, and a claim's job
@@ -231,6 +235,7 @@ def test_an_interrupted_steps_note_shows_the_log_it_wrote_last(tmp_path):
     assert "before it wrote a log" in interrupted_note(tmp_path, "graphs", since)
 
 
+@pytest.mark.slow
 def test_throughput_warmup_runs_each_variant_once(tmp_path):
     """On CUDA the throughput step's variants are compiled beside the pretrain run, one untimed step each,
     so that its timed run reads them from inductor's cache. Only a GPU can time what that saves; here, that
@@ -294,6 +299,7 @@ def test_no_cuda_stops_before_any_step_and_says_why(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_missing_data_is_named(tmp_path):
     done = gpu_check(
         "--device", "cpu", "--quick", "--out", str(tmp_path), "--data-dir", str(tmp_path), timeout=120
@@ -368,6 +374,7 @@ def handoff(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_the_recipe_runs_and_its_shards_fit_what_a_call_returns(cpu_run):
     report, packed = detector_step(cpu_run)
     assert report["status"] == "ok", report
@@ -387,6 +394,7 @@ def test_the_recipe_runs_and_its_shards_fit_what_a_call_returns(cpu_run):
     } <= set(index["files"])
 
 
+@pytest.mark.slow
 def test_a_corrupt_or_missing_shard_is_refused_by_name(cpu_run, tmp_path):
     _, packed = detector_step(cpu_run)
     shard = json.loads((packed / "handoff.json").read_text())["shards"][1]["file"]
@@ -402,6 +410,7 @@ def test_a_corrupt_or_missing_shard_is_refused_by_name(cpu_run, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing half-written
 
 
+@pytest.mark.slow
 def test_the_reassembled_run_exports_with_parity_serves_and_trains_on(cpu_run, tmp_path):
     from training.checkpoint import load_model
     from training.pretraining.warmstart import resolve_source

@@ -392,6 +392,7 @@ def test_sigterm_mid_pack_leaves_nothing_beside_out(tmp_path):
     assert list(parent.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_run_still_training_packs_from_whole_checkpoints(tmp_path, small_corpus, small_tokenizer, capsys):
     """Packed while pretraining saved every step and kept one: the checkpoint latest named was removed
     while pack read it, and pack said it "has no tokenizer.json" (4 packs in 150). Now it reads the newer
@@ -481,6 +482,7 @@ def test_metrics_fit_at_every_shard_limit_as_much_as_fits(detector, tmp_path):
         shutil.rmtree(out)
 
 
+@pytest.mark.slow
 def test_an_ascii_locale_packs_and_unpacks_the_utf8_files(detector, tmp_path):
     """tokenizer.json holds non-ASCII words, and its text was read and written in the locale's encoding:
     under LC_ALL=C (PYTHONUTF8=0), a UnicodeDecodeError traceback at pack."""

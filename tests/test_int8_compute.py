@@ -65,6 +65,7 @@ def test_smoothed_activations_export_within_the_gate_and_recover(
     assert recovered["smoothing"] == spec["smoothing"]
 
 
+@pytest.mark.slow
 def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundle):
     run, bundle = qat_bundle
     manifest = json.loads((bundle / "manifest.json").read_text())
@@ -225,6 +226,7 @@ def test_a_quantization_aware_model_computes_with_its_stored_weights_as_the_bund
     assert (fp32_after - fp32).abs().max() > 1e-4
 
 
+@pytest.mark.slow
 def test_the_sensitivity_benchmark_runs_on_a_run_and_writes_its_figures(qat_bundle, tmp_path, registry_data):
     import subprocess
     import sys
@@ -298,6 +300,7 @@ def test_an_int8_weights_bundle_of_a_quantization_aware_run_warns_as_fp32_does(
     )
 
 
+@pytest.mark.slow
 def test_an_fp16_export_of_a_near_chance_detector_names_its_calibration_scale(
     tmp_path, small_corpus, small_tokenizer, registry_data, capsys
 ):
@@ -326,6 +329,7 @@ def shipped_detector(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_the_shipped_detector_exports_to_fp32(shipped_detector, tmp_path, registry_data):
     """Issue 46: `python -m export RUN --precision fp32` of the recovered shipped detector was refused
     ("int8 moves a token's probability from its reference by 0.021 at p99" on the load-time check's rows):
@@ -343,6 +347,7 @@ def test_the_shipped_detector_exports_to_fp32(shipped_detector, tmp_path, regist
     assert manifest["parity"]["fp32_vs_torch"]["max_abs_diff"] < 1e-4
 
 
+@pytest.mark.slow
 def test_the_shipped_detectors_weights_pass_the_gate_only_as_trained_quantization_aware(
     shipped_detector, tmp_path, registry_data, capsys, monkeypatch
 ):

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import pytest
 
 try:
     from app_fixtures import bundles_dir, run_server, wait_for  # noqa: F401 (fixture)
@@ -16,6 +17,7 @@ except ImportError:  # tests/ made a package
 LONG = " ".join(["the river flows past the old mill"] * 5)  # ~37 model-input tokens: bulk past 16
 
 
+@pytest.mark.slow
 def test_each_429_is_counted_under_the_limit_that_refused_it(bundles_dir: Path, tmp_path):
     """A full queue (--queue-size) and the bulk token limit (--max-bulk-tokens) both answer 429 `overloaded`,
     and both were counted as rejected reason "overloaded": an operator could not tell which limit to raise.

@@ -46,6 +46,7 @@ def until_step(proc: subprocess.Popen, metrics: Path, step: int, timeout: float 
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_loss_decreases_and_outputs_are_written(tmp_path, small_corpus, small_tokenizer, capfd):
     run = tmp_path / "run"
     pretrain(tiny_args(run, small_corpus, small_tokenizer, "--max-steps", 80, "--eval-every", 40))
@@ -115,6 +116,7 @@ def test_ctrl_c_outside_a_step_says_what_is_kept_not_a_traceback(tmp_path, monke
         assert "no checkpoint was saved; the same command starts again" in said, said
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_ctrl_c_saves_and_its_resume_retraces_the_uninterrupted_one_on_two_threads(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -213,6 +215,7 @@ def test_the_disk_check_counts_the_checkpoints_held_at_once(
     assert checkpoints_to_fit(cfg, step, tmp_path) == more
 
 
+@pytest.mark.slow
 def test_two_process_ddp_equals_one_process_with_double_batch(tmp_path, small_corpus, small_tokenizer):
     # fp32: bf16 rounding differs between batch shapes, and equality across shapes is the point here.
     common = ("--max-steps", 8, "--log-every", 1, "--eval-every", 1000, "--dropout", 0.0, "--bf16", "false")
@@ -325,6 +328,7 @@ def test_a_resume_may_switch_the_embedding_gradients_and_lands_on_the_same_weigh
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.slow
 def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -351,6 +355,7 @@ def test_a_disk_that_fills_under_torchrun_stops_every_rank_with_one_message(
     assert "Connection closed by peer" not in err and "gloo" not in err.lower(), err[-3000:]
 
 
+@pytest.mark.slow
 def test_ranks_agree_on_a_decision_only_one_of_them_made(tmp_path):
     # The time cap is read from each rank's own clock; if only one rank sees it pass, that rank would
     # wait in the save barrier while the other enters the next all_reduce: a hang.
@@ -385,6 +390,7 @@ def test_one_process_under_torchrun_joins_a_process_group(tmp_path):
     assert proc.stdout.split() == ["True", "gloo", "True", "True", "[7]"], proc.stdout
 
 
+@pytest.mark.slow
 def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, small_tokenizer):
     # Rank 0 alone evaluates every step, so the ranks reach the cap at different moments.
     run = tmp_path / "ddp"
@@ -409,6 +415,7 @@ def test_two_process_run_stops_cleanly_at_the_time_cap(tmp_path, small_corpus, s
     )
 
 
+@pytest.mark.slow
 def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_retraces_the_run(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -483,6 +490,7 @@ def test_a_ctrl_c_under_torchrun_stops_every_rank_at_one_step_and_the_resume_ret
     assert not (twice / "checkpoints" / "latest").exists()
 
 
+@pytest.mark.slow
 def test_workers_whose_torchrun_is_killed_outright_stop_and_save(tmp_path, small_corpus, small_tokenizer):
     """torchrun killed with SIGKILL (the OOM killer, `kill -9`) cannot pass a stop on; its workers, each in
     a session of its own, would train on as orphans. They get SIGTERM from Linux instead, and save."""
@@ -698,6 +706,7 @@ def test_bad_options_fail_naming_the_option(tmp_path):
         pretrain(["--config", str(bad), "--out", str(tmp_path / "y")])
 
 
+@pytest.mark.slow
 def test_a_users_data_and_a_resume_that_would_train_something_else_end_in_a_message(
     tmp_path, small_corpus, small_tokenizer, capsys
 ):
@@ -853,6 +862,7 @@ def test_the_shipped_stage3_recipe_sets_up_and_trains(tmp_path, small_corpus, sm
     assert t.step == 2 and t.settle_tokens() > 0  # counted on the device, read when asked
 
 
+@pytest.mark.slow
 def test_training_asks_cuda_for_deterministic_kernels_unless_told_not_to():
     """On CUDA two runs of the same seed differ by rounding unless PyTorch's deterministic algorithms are
     on and cuBLAS has a fixed workspace (measured on an H200: docs/gpu.md). The default asks for both."""

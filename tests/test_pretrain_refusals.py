@@ -52,6 +52,7 @@ def damaged_copy(finished: Path, tmp_path: Path, damage) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_a_run_held_by_a_live_process_is_refused_naming_it_before_what_it_holds(
     tmp_path, finished, small_corpus, small_tokenizer
 ):
@@ -158,6 +159,7 @@ def test_shards_cut_short_are_named_with_how_to_make_them_again(finished, tmp_pa
     pretrain(["--out", str(run), "--resume", "--max-steps", "5"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "read_only, what",
     [("checkpoints", "its checkpoints"), (".", "its settings and metrics"), ("tokenizer", "its tokenizer")],
@@ -212,6 +214,7 @@ def test_a_step_out_of_memory_names_the_options_that_size_it(tmp_path, small_cor
                          "--batch-size (a higher --grad-accum keeps the rows per optimizer step) or --seq-len")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_started_with_relative_paths_resumes_from_any_directory(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -460,6 +463,7 @@ def test_a_vocabulary_smaller_than_asked_is_noted_once(tmp_path, capsys):
     assert size < 2000 and err.count(said) == 1, err[-3000:]
 
 
+@pytest.mark.slow
 def test_settings_that_run_but_not_as_named_are_noted(tmp_path, small_corpus, small_tokenizer, capsys):
     pretrain(tiny(tmp_path / "run", small_corpus, "train", "--vocab-size", "10", "--eval-batches", "500",
                   "--max-steps", "2", "--eval-every", "2", "--save-every", "2"))  # fmt: skip
@@ -660,6 +664,7 @@ def test_a_plot_that_cannot_be_written_leaves_the_finished_run_finished(finished
     assert "curves.png not drawn (" in said and "the figures are all in metrics.jsonl" in said, said
 
 
+@pytest.mark.slow
 def test_the_saved_config_says_what_ran_and_options_that_change_nothing_are_noted(
     tmp_path, small_corpus, small_tokenizer, capsys
 ):
@@ -774,6 +779,7 @@ def test_pretraining_called_from_another_thread_runs(tmp_path):
     assert errors and "does not exist; give the --out of the run to go on" in errors[0], errors
 
 
+@pytest.mark.slow
 def test_an_init_directorys_unk_warning_names_its_tokenizer_config_and_following_it_ends_the_warning(
     tmp_path, small_corpus, small_tokenizer, capsys
 ):
@@ -799,6 +805,7 @@ def test_an_init_directorys_unk_warning_names_its_tokenizer_config_and_following
     assert "are [UNK]" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_resume_says_when_its_corpus_changed_and_keeps_training_on_its_stored_shards(
     tmp_path, small_corpus, small_tokenizer, capsys
 ):

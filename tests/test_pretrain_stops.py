@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from training.checkpoint import resolve_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,6 +42,7 @@ def default_sigint() -> (
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_a_run_piped_into_tee_saves_and_exits_130(tmp_path, small_corpus, small_tokenizer):
     """The Ctrl-C reaches the whole pipeline: tee ends, and the run's next print (the evaluation's line,
     printed before the save) raised BrokenPipeError: a traceback, exit 1 and no checkpoint at all."""
@@ -67,6 +70,7 @@ def test_ctrl_c_to_a_run_piped_into_tee_saves_and_exits_130(tmp_path, small_corp
     assert f"stopped at step {step} of 100000 by SIGINT, saved; go on with: " in said, said[-3000:]
 
 
+@pytest.mark.slow
 def test_a_closed_ssh_session_saves_the_step_and_exits_129(tmp_path, small_corpus, small_tokenizer):
     """SIGHUP ended the run where it stood (exit 129), losing up to --save-every - 1 steps; now it stops as
     SIGTERM does. A hung-up terminal's SIGHUP comes twice (from the kernel, then from the shell): the second

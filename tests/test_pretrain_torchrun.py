@@ -85,6 +85,7 @@ def _root_cause(said: str) -> str:
     return said[said.index("Root Cause") :] if "Root Cause" in said else said[-3000:]
 
 
+@pytest.mark.slow
 def test_the_ranks_wait_out_a_long_preparation_and_rank_0_says_what_one_cannot_see(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -133,6 +134,7 @@ def _goes_on(run: Path) -> str:
             f"training.pretrain --out {run} --resume")  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -148,6 +150,7 @@ def test_a_worker_killed_outright_leaves_one_line_that_says_how_to_go_on(
     ]  # the line, not gloo's
 
 
+@pytest.mark.slow
 def test_a_worker_stuck_on_a_frozen_peer_says_how_to_go_on_before_a_stops_kill(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -173,6 +176,7 @@ def test_a_worker_stuck_on_a_frozen_peer_says_how_to_go_on_before_a_stops_kill(
     assert f"Unable to shutdown process {rank[b'1']}" in said, said[-3000:]  # the frozen one did not
 
 
+@pytest.mark.slow
 def test_a_survivor_stuck_in_a_collective_says_how_to_go_on_before_torchrun_kills_it(
     tmp_path, small_corpus, small_tokenizer
 ):

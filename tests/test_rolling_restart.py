@@ -16,6 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_a_restart_under_load_fails_no_request_and_the_replica_leaves_rotation_first(tmp_path):
     if not (shutil.which("haproxy") or Path("/usr/sbin/haproxy").is_file()):
         pytest.skip("needs Debian's haproxy (run .ci/machine-deps)")

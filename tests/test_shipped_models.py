@@ -83,6 +83,7 @@ def test_the_shipped_detector_is_calibrated_with_its_own_threshold():
     assert manifest["calibration"] is not None and 0 < manifest["threshold"] < 1
 
 
+@pytest.mark.slow
 def test_the_shipped_detector_finds_the_swapped_word_far_above_chance_and_bigrams(detector_figures):
     s = detector_figures
     n = 2 * SENTENCES  # frequency and part-of-speech swaps
@@ -100,6 +101,7 @@ def test_the_default_threshold_keeps_clean_sentences_mostly_unflagged(detector_f
     assert s["ece"] <= 0.05
 
 
+@pytest.mark.slow
 def test_the_shipped_detector_on_the_hand_written_sentences(bigram_reference):
     """The 52 everyday sentences written for issue 21, each with one word swapped for one that fits the
     grammar but not the meaning: the same items every time, so only the model can move the figure."""
@@ -112,6 +114,7 @@ def test_the_shipped_detector_on_the_hand_written_sentences(bigram_reference):
     assert s["top1"] >= 5 * s["chance_top1"]
 
 
+@pytest.mark.slow
 def test_the_shipped_sentiment_classifier_through_classify(registry_data, tmp_path):
     """The benchmark's command, as a user runs it: a real server, every text through POST /classify."""
     out = tmp_path / "acc.json"

@@ -25,11 +25,13 @@ def runs(tmp_path_factory, small_corpus):
     return r
 
 
+@pytest.mark.slow
 def test_killed_runs_resume_exactly(runs):
     result = tf.kill_resume(runs, kills=1, seed=1)
     assert result["ok"], result
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_resumes(runs):
     result = tf.disk_full(runs)
     if result["ok"] is None:
@@ -38,11 +40,13 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_resumes(runs
     assert "no space left on the disk" in result["message"] and "--resume" in result["message"]
 
 
+@pytest.mark.slow
 def test_an_export_killed_mid_way_leaves_no_bundle(runs):
     result = tf.export_killed(runs, fractions=(0.5,))
     assert result["ok"], result
 
 
+@pytest.mark.slow
 def test_the_same_command_twice_gives_the_same_model(runs):
     """In one process. Under torchrun the same follows and is tested where it is cheaper: gpu-check's
     torchrun step (tests/test_gpu_check.py) lands two processes on the single process's weights exactly,

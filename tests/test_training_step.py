@@ -39,6 +39,7 @@ def micro_batches(t, n: int):
         yield batch, draw_noise(tuple(batch["input_ids"].shape), 0, i, slice(None), "cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["electra", "mlm"])
 def test_the_step_compiles_to_one_graph_that_never_recompiles(trainer, tmp_path, small_corpus, small_tokenizer,
                                                               objective):  # fmt: skip
@@ -55,6 +56,7 @@ def test_the_step_compiles_to_one_graph_that_never_recompiles(trainer, tmp_path,
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
 
 
+@pytest.mark.slow
 def test_a_quantization_aware_step_compiles_to_one_graph(tmp_path, small_corpus, small_tokenizer):
     t = setup(tiny_args(tmp_path / "qat", small_corpus, small_tokenizer, "--qat"))
     torch._dynamo.reset()
@@ -107,6 +109,7 @@ def backward_graph_ops(objective, batch, noise) -> list:
     return [n for n in backward.graph.nodes if n.op == "call_function"]
 
 
+@pytest.mark.slow
 def test_embedding_gradients_stay_one_aten_kernel_under_inductor(trainer):
     """Decomposed, an embedding's gradient becomes an accumulating index_put, which deterministic
     kernels on CUDA run as one warp walking every row of an index in turn (token type 0: all B x T of
@@ -121,6 +124,7 @@ def test_embedding_gradients_stay_one_aten_kernel_under_inductor(trainer):
     assert sum(n.target is torch.ops.electra.embedding_backward.default for n in ops) == 7
 
 
+@pytest.mark.slow
 def test_inductor_compiles_the_row_gathers_and_their_gradients_match_eager():
     """The custom op through inductor itself, as a GPU compiles it (here its C++ backend, with
     deterministic kernels as training runs): a generator's three tables, token type 0 broadcast, and its

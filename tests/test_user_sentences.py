@@ -21,6 +21,7 @@ def measure(args: list[str]) -> None:
     assert out.returncode == 0, out.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_user_sentences_measures_a_calibrated_bundle(tmp_path, small_corpus, small_tokenizer, registry_data):
     from export.config import ExportConfig

@@ -265,6 +265,7 @@ def test_warm_started_run_resumes_exactly_whatever_init_holds_by_then(tmp_path, 
     _same_run(whole, _resumed_after_step_10(whole, args, tmp_path, source_changes if qat else lambda: None))
 
 
+@pytest.mark.slow
 def test_a_run_warm_started_from_a_run_that_went_on_resumes_from_the_start_it_had(
     tmp_path, small_corpus, small_tokenizer
 ):
@@ -365,6 +366,7 @@ def test_a_hugging_face_directorys_tokenizer_config_is_read_by_a_warm_start(tmp_
     )
 
 
+@pytest.mark.slow
 def test_an_init_with_int8_ranges_trains_quantization_aware_unless_qat_false_says_otherwise(
     tmp_path, tok_dir, small_corpus, capsys
 ):
