@@ -86,7 +86,7 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
 # quick one: every test but those marked `slow`, within the 15 minutes the README promises on two cores.
 # The slow tier holds the end-to-end runs that cost 10 s to a few minutes each (Ray clusters, torchrun
 # launches, kills and resumes, browsers, installs): .ci/run runs it after the quick tier, so CI runs
-# every test. A run that names tests (paths, -k, -m) runs what it names, whatever its tier.
+# every test. A run that names tests (paths, -k, -m, --lf) runs what it names, whatever its tier.
 TIERS = ("quick", "slow", "all")
 
 
@@ -104,7 +104,9 @@ def pytest_configure(config) -> None:
     # here, but not how the command line named its tests.
     if not hasattr(config, "workerinput") and config.option.tier is None:
         named = config.args_source != pytest.Config.ArgsSource.TESTPATHS
-        config.option.tier = "all" if named or config.option.keyword or config.option.markexpr else "quick"
+        # --lf: the failures of the run before, which may have been the slow tier's
+        chosen = config.option.keyword or config.option.markexpr or getattr(config.option, "lf", False)
+        config.option.tier = "all" if named or chosen else "quick"
 
 
 def pytest_collection_modifyitems(config, items) -> None:
