@@ -84,7 +84,7 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
 # --------------------------------------------------------------------------------------------- tiers
 # The suite runs in two tiers. A run that names no tests (scripts/test, the README's command) takes the
 # quick one: every test but those marked `slow`, within the 15 minutes the README promises on two cores.
-# The slow tier holds the end-to-end runs that cost 10 s to a few minutes each (Ray clusters, torchrun
+# The slow tier holds the end-to-end runs that cost 8 s to a few minutes each (Ray clusters, torchrun
 # launches, kills and resumes, browsers, installs): .ci/run runs it after the quick tier, so CI runs
 # every test. A run that names tests (paths, -k, -m, --lf) runs what it names, whatever its tier.
 TIERS = ("quick", "slow", "all")
@@ -94,8 +94,8 @@ def pytest_addoption(parser) -> None:
     parser.addoption(
         "--tier", choices=TIERS, default=None,
         help="quick: every test not marked slow (the default of a run that names no tests); slow: those "
-             "alone (.ci/run runs them after the quick ones); all: both. A run that names tests (paths, -k, "
-             "-m) runs every test it names unless --tier is given.",
+             "alone (.ci/run runs them after the quick ones); all: both. A run that names tests (paths, -k, -m, "
+             "--lf) runs every test it names unless --tier is given.",
     )  # fmt: skip
 
 
