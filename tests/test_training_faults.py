@@ -27,8 +27,11 @@ def runs(tmp_path_factory, small_corpus):
 
 @pytest.mark.slow
 def test_killed_runs_resume_exactly(runs):
-    result = tf.kill_resume(runs, kills=1, seed=1)
+    # Seed 0 draws a kill after step 25, between the checkpoints at 15 and 30. Seed 1 drew step 9, before
+    # the first checkpoint: the run was started again from nothing, and --resume was never tried.
+    result = tf.kill_resume(runs, kills=1, seed=0)
     assert result["ok"], result
+    assert all(run["checkpoint"] for run in result["runs"]), result  # it resumed from a checkpoint
 
 
 @pytest.mark.slow
