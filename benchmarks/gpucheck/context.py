@@ -48,7 +48,7 @@ SIZES = {
     # checkpoint every 10: enough logged rows to see the loss fall, and a checkpoint to kill after. A toy
     # fine-tuning run is mostly the start of a Python process with torch (about 4 s of one core): one
     # point and one task instead of three each keep the claim's runs to 3 (1 task x 2 objectives and the
-    # control, one seed), for CI's 15 minutes for the whole suite, and they go all at once (35 s for the
+    # control, one seed), to keep the suite's CPU run of the check short, and they go all at once (35 s for the
     # claim step on two idle cores; 41 s two at a time); more points and tasks differ only
     # in arithmetic, which tests/test_electra_vs_mlm.py holds. TREC's questions stand in for WikiText-2: a
     # first run on WikiText-2 spends 25 s training its tokenizer and tokenizing, for steps that read 0.05M
