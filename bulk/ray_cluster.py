@@ -38,8 +38,11 @@ def connect(address: str, cpus: int) -> str | None:
     runtime_env = {"env_vars": WORKER_ENV}
     if address == "local":  # an instance of our own on this machine, ended with the job
         _token_where_home_is_unwritable()
+        # No runtime_env: its workers inherit WORKER_ENV from the raylet, started from our environment. One
+        # given (even these env_vars alone) keeps the job off the workers the raylet prestarts, and every
+        # actor (the job's and Ray Data's own) waited for a new Python process that imports Ray.
         started = ray.init(address="local", num_cpus=cpus, object_store_memory=OBJECT_STORE_BYTES,
-                           include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)  # fmt: skip
+                           include_dashboard=False, log_to_driver=False)  # fmt: skip
         return started.address_info.get("session_dir")
     found, shown = _address_of(address)
     _check_reachable(found, shown)

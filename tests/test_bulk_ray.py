@@ -132,29 +132,6 @@ def test_a_local_ray_instance_stops_at_a_full_disk_and_the_job_ends_with_every_d
         pytest.skip(str(e))
 
 
-def test_a_part_that_kills_its_actor_each_time_fails_alone_and_the_job_ends(tmp_path, corpus, ray_env):
-    """Ray Data retries a task whose actor died for ever (max_task_retries=-1): a part that kills its actor
-    (a document that runs it out of memory) kept the job running for ever. It runs twice at most, as on
-    local workers, then fails alone, named on stderr and in summary.json (exit 4); the parts beside it,
-    on the same actors, are scored. (A node lost is not such a part: the two-node test below.)"""
-    src = tmp_path / "in"
-    src.mkdir()
-    for i in range(6):
-        shutil.copy(corpus / f"shard-{i:02d}.jsonl", src)
-    out = tmp_path / "out"
-    poison = "shard-02.jsonl#0"
-    job_env = {**ray_env, **dying_on(tmp_path, poison)}
-    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150, **job_env)
-    assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"bulk: part {poison} failed: its Ray worker died 2 times while it ran" in done.stderr, done.stderr
-    assert not (out / ".ray-attempts").exists()  # the run's counts: gone with it
-    s = summary(out)
-    assert list(s["failures"]["parts"]) == [poison]
-    assert s["parts"] == {"total": 6, "finished": 5, "failed": 1, "not_started": 0}, s["parts"]
-    assert sorted({r["file"] for r in rows(out)}) == [f"shard-{i:02d}.jsonl" for i in (0, 1, 3, 4, 5)]
-    assert s["documents"] == 5 * 8
-
-
 # A patch of bulk.shard (bulk_helpers.patched_on_import, as dying_on's) that kills, by SIGKILL, the Ray actor scoring a part on its
 # first start once it has reported KILL_AFTER chunks and a second has passed for them to reach the driver:
 # Ray runs the part again on the restarted actor, from its start. Its temporary file stays behind.
@@ -198,7 +175,9 @@ def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_
     import gzip
     import select
 
-    paragraphs = [p for p in wiki(registry_data, "valid")[0] if 40 <= len(p) <= 400][:500]
+    # Twenty chunks of ten: as many redraws inside the part as twenty of twenty-five, at 230 documents
+    # scored (the killed attempt's thirty included) on the one actor instead of 575.
+    paragraphs = [p for p in wiki(registry_data, "valid")[0] if 40 <= len(p) <= 400][:200]
     src = tmp_path / "in"
     src.mkdir()
     lines = "".join(json.dumps({"text": t}) + "\n" for t in paragraphs)
@@ -206,7 +185,7 @@ def test_a_ray_job_shows_its_progress_per_chunk_and_a_part_run_again_is_counted_
     job_env = {**ray_env, **patched_on_import(tmp_path, "bulk.shard", _DIE_MIDWAY,
                                               BULK_TEST_DIE_MIDWAY=str(tmp_path / "killed"))}  # fmt: skip
     out = tmp_path / "out"
-    argv = [a for a in bulk_argv(src, out, "detector", "--workers", "1", "--ray", "--chunk-docs", "25")
+    argv = [a for a in bulk_argv(src, out, "detector", "--workers", "1", "--ray", "--chunk-docs", "10")
             if a != "--no-progress"]  # fmt: skip
     master, slave = os.openpty()  # a terminal: the line is redrawn every half second
     try:
@@ -269,14 +248,22 @@ def test_a_part_left_without_a_result_leaves_its_reported_counts_out_of_the_figu
     assert json.loads(done.stdout.splitlines()[-1]) == {"docs": 40, "tokens": 1200, "bytes": 1000}
 
 
-def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
+def test_compressed_shards_and_a_part_that_kills_its_actor_each_time_on_a_local_ray_instance(
     tmp_path, corpus, local_rows, ray_env
 ):
-    """Ray's actors read compressed shards through the same reader as local workers (bulk/reading.py):
+    """Two stories in one job on a local instance (each paid an instance's and its actors' start alone),
+    the shards of each apart from the other's:
+
+    Ray's actors read compressed shards through the same reader as local workers (bulk/reading.py):
     shards gzipped, bzip2'd and xz'd score to the local run's rows of their plain copies, and a .gz cut
     short fails its part alone, naming the file. The job is given no token and a home it cannot write (a
     service user's HOME=/nonexistent; under /proc, not even root can make it): Ray's own token file could not
-    be written there, and the job ended in a traceback."""
+    be written there, and the job ended in a traceback.
+
+    Ray Data retries a task whose actor died for ever (max_task_retries=-1): a part that kills its actor
+    (a document that runs it out of memory) kept the job running for ever. It runs twice at most, as on
+    local workers, then fails alone, named on stderr and in summary.json (exit 4); the parts beside it,
+    on the same actors, are scored. (A node lost is not such a part: the two-node test below.)"""
     import bz2
     import gzip
     import lzma
@@ -295,33 +282,52 @@ def test_compressed_shards_on_a_local_ray_instance_score_to_the_local_rows(
     filler = "".join(json.dumps({"body": os.urandom(60).hex()}) + "\n" for _ in range(4000))
     whole = gzip.compress(filler.encode())
     (src / "cut.jsonl.gz").write_bytes(whole[: len(whole) * 3 // 4])
+    # Six plain shards, other than the compressed ones' sources, the third of them the poison.
+    plain = [f"shard-{i:02d}.jsonl" for i in range(3, 9)]
+    for name in plain:
+        shutil.copy(corpus / name, src)
+    poison = "shard-05.jsonl#0"
     out = tmp_path / "out"
     tokenless = {k: v for k, v in ray_env.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=150,
-                    **{**tokenless, "HOME": "/proc/no-such-home"})  # fmt: skip
+    job_env = {**tokenless, "HOME": "/proc/no-such-home", **dying_on(tmp_path, poison)}
+    done = run_bulk(src, out, "detector", "--workers", "2", "--ray", timeout=240, **job_env)
     assert done.returncode == 4, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Token authentication is enabled for this Ray cluster" in done.stderr  # as Ray starts it alone
     assert (
         f"part cut.jsonl.gz#0 failed: BrokenStream: {src / 'cut.jsonl.gz'} does not read as gzip"
         in done.stderr
     )
+    assert f"bulk: part {poison} failed: its Ray worker died 2 times while it ran" in done.stderr, done.stderr
+    assert not (out / ".ray-attempts").exists()  # the run's counts: gone with it
+    s = summary(out)
+    assert sorted(s["failures"]["parts"]) == sorted([poison, "cut.jsonl.gz#0"]), s["failures"]
+    # Four compressed parts and six plain ones; the cut one and the poison failed, alone.
+    assert s["parts"] == {"total": 10, "finished": 8, "failed": 2, "not_started": 0}, s["parts"]
+    assert s["documents"] == 3 * 8 + 5 * 8
     got = [r | {"file": packed[r["file"]], "id": packed[r["file"]] + r["id"].removeprefix(r["file"])}
-           for r in rows(out)]  # fmt: skip
+           for r in rows(out) if r["file"] in packed]  # fmt: skip
     want = [r for r in local_rows if r["file"] in packed.values()]
     assert len(want) == 24 and sorted(got, key=lambda r: (r["file"], r["line"])) == want
+    scored = sorted({r["file"] for r in rows(out) if r["file"] not in packed})
+    assert scored == [name for name in plain if name != poison.split("#")[0]]
 
 
-def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_finishes_it(
+def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_then_to_the_whole_group_at_once(
     tmp_path, corpus, local_rows, ray_env
 ):
     """ray.init installs a SIGTERM handler of its own (sys.exit) over the job's: the job connects first,
-    so a scheduler's SIGTERM still ends in the summary, the manifest and 143, not a bare exit 15."""
+    so a scheduler's SIGTERM still ends in the summary, the manifest and 143, not a bare exit 15. The same
+    command on Ray again then gets systemd's default stop: SIGTERM to every process of the group, the
+    instance `--ray` started (its GCS and raylet) included. The driver once waited a minute for the dead
+    instance, then exited 1 without a word; it says what happened and exits 143. The same command on local
+    processes finishes the job both stops left (a job moves between Ray and local freely). One job for the
+    two stops: each pays an instance's start alone, and one local run checks what both leave."""
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
+    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
     proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
                             env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or proc.poll() is not None,
-             timeout=180, what="a part on Ray")  # fmt: skip
+    wait_for(lambda: finished() >= 1 or proc.poll() is not None, timeout=180, what="a part on Ray")
     assert proc.poll() is None, "the job finished before SIGTERM"
     proc.send_signal(signal.SIGTERM)
     err = proc.communicate(timeout=180)[1]
@@ -334,7 +340,22 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_and_the_same_command_
     assert {f"scores/{p.name}" for p in (out / "scores").iterdir() if not p.name.startswith(".")} == recorded
     # The instance's session, for the next run to end what a kill -9 of this one would have left running.
     assert (out / ".ray-session").read_text().startswith(f"{ray_env['RAY_TMPDIR']}/ray/session_")
-    done = run_bulk(corpus, out, "detector", "--workers", "2")  # a job moves between Ray and local freely
+
+    # The whole group: its own session, as a service's processes are.
+    before = finished()
+    proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
+                            env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    wait_for(lambda: finished() > before or proc.poll() is not None, timeout=180, what="a part on Ray")
+    assert proc.poll() is None, "the job finished before SIGTERM"
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = proc.communicate(timeout=50)[1]  # not the minute it once waited for the dead instance
+    # Either the instance went first (said so), or a part finished before it did (the usual stop); or,
+    # under load, Ray saw its raylet gone before the job did, and ended the driver itself (status 1).
+    said = ("ended this job's own Ray instance too", "stopped by SIGTERM; run the same command again")
+    assert proc.returncode == 1 or (proc.returncode == 143 and any(line in err for line in said)), err[-3000:]
+
+    done = run_bulk(corpus, out, "detector", "--workers", "2")
     assert done.returncode == 0, done.stderr
     assert rows(out) == local_rows
     assert not (out / ".ray-session").exists()  # that run started no instance
@@ -399,31 +420,6 @@ def test_ctrl_c_on_ray_records_the_parts_the_actors_finished_before_it(tmp_path,
     unrecorded = [(p.name, round(sent - p.stat().st_mtime, 2)) for p in (out / "scores").glob(".*.tmp-*")
                   if whole(p) and p.stat().st_mtime < sent]  # fmt: skip
     assert not unrecorded, unrecorded  # finished before the signal, scored again by the next run
-
-
-def test_sigterm_to_the_whole_group_ends_a_job_and_its_own_instance_at_once(
-    tmp_path, corpus, local_rows, ray_env
-):
-    """systemd's default stop: SIGTERM to every process of the group, the instance `--ray` started (its GCS
-    and raylet) included. The driver once waited a minute for the dead instance, then exited 1 without a
-    word; it says what happened and exits 143, and the same command finishes the job."""
-    out = tmp_path / "out"
-    manifest = out / "manifest.jsonl"
-    proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
-                            env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
-    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or proc.poll() is not None,
-             timeout=180, what="a part on Ray")  # fmt: skip
-    assert proc.poll() is None, "the job finished before SIGTERM"
-    os.killpg(proc.pid, signal.SIGTERM)
-    err = proc.communicate(timeout=50)[1]  # not the minute it once waited for the dead instance
-    # Either the instance went first (said so), or a part finished before it did (the usual stop); or,
-    # under load, Ray saw its raylet gone before the job did, and ended the driver itself (status 1).
-    said = ("ended this job's own Ray instance too", "stopped by SIGTERM; run the same command again")
-    assert proc.returncode == 1 or (proc.returncode == 143 and any(line in err for line in said)), err[-3000:]
-    done = run_bulk(corpus, out, "detector", "--workers", "2")
-    assert done.returncode == 0, done.stderr
-    assert rows(out) == local_rows
 
 
 def test_two_nodes_on_loopback_with_the_second_killed_midway(tmp_path, corpus, local_rows, ray_env):
@@ -494,22 +490,14 @@ def _nodes(address: str, ray_env: dict) -> int:
     return active.count("node_")
 
 
-def test_a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resumes(
-    tmp_path, corpus, local_rows, ray_env
+def _a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resumes(
+    tmp_path, corpus, local_rows, ray_env, address, cpus
 ):
     """--ray ADDRESS whose head dies mid-job: Ray waited a minute, then ended the driver with status 1 and
     its own errors alone. The job says the cluster at ADDRESS is lost and to run the same command again,
     and exits 4 (a failure, the finished parts kept) before Ray's own exit; the same command (here on
     local processes) ends with every document once. Without --workers the job runs as many actors as the
     cluster has CPUs (it once counted the driver's cores): the head has another number than this machine."""
-    from app.machine import available_cores
-
-    port = _port()
-    cpus = 1 if available_cores() > 1 else 2
-    head = [RAY, "start", "--head", "--port", str(port), "--num-cpus", str(cpus), "--include-dashboard=false",
-            "--node-ip-address", "127.0.0.1", "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(head, env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)
-    address = f"127.0.0.2:{port}"
     # More threads than the node has CPUs: Ray kept the actor pending for ever (the job hung, a SIGTERM
     # then waited for a part that never started). Refused once joined, before anything is written.
     wide = tmp_path / "wide"
@@ -555,18 +543,18 @@ HOG = """
 import ray, sys
 ray.init(address=sys.argv[1], namespace="bulk-test", log_to_driver=False)
 if sys.argv[2] == "hold":
-    @ray.remote(num_cpus=1)
+    @ray.remote
     class Hog:
         def ping(self):
             return 1
-    ray.get(Hog.options(name="hog", lifetime="detached").remote().ping.remote())
+    ray.get(Hog.options(name="hog", lifetime="detached", num_cpus=int(sys.argv[3])).remote().ping.remote())
 else:
     ray.kill(ray.get_actor("hog"))
 """
 
 
-def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_once(
-    tmp_path, corpus, ray_env
+def _a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_once(
+    tmp_path, corpus, ray_env, address, manager, cpus
 ):
     """Every CPU of the cluster held by another actor: the job printed its plan, then nothing, for ever,
     and a SIGTERM waited for a part that never started (only a second one ended it, without a summary). It
@@ -574,14 +562,6 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     command finishes it once the CPUs are free. Without --workers it runs the cluster's count, which
     config.json records (as_run), beside the 0 given. And an address that answers but is no head's (the
     node manager's port) is not blamed on the token the job was given."""
-    port = _port()
-    # In the same range as the head's. Not `_port(port + 1)`: on a third xdist worker the head took the
-    # range's last port, and the manager's range was empty (a ZeroDivisionError).
-    manager = _port(taken=port)
-    subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-manager-port", str(manager), "--num-cpus",
-                    "1", "--include-dashboard=false", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
-                   env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)  # fmt: skip
-    address = f"127.0.0.2:{port}"
     wrong = run_bulk(corpus, tmp_path / "wrong", "detector", "--ray", f"127.0.0.2:{manager}", timeout=120,
                      **ray_env, RAY_NUM_REDIS_GET_RETRIES="2")  # fmt: skip
     assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr[-3000:]
@@ -628,7 +608,9 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
             assert refused.returncode == 2 and says in refused.stderr, refused.stderr[-3000:]
     finally:
         web.shutdown()
-    subprocess.run([sys.executable, "-c", HOG, address, "hold"], env=ray_env, check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-c", HOG, address, "hold", str(cpus)], env=ray_env, check=True, timeout=120
+    )
     out = tmp_path / "out"
     job = subprocess.Popen(bulk_argv(corpus, out, "detector", "--ray", address), cwd=REPO, env=ray_env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -638,8 +620,8 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
         wait_for(lambda: any("waiting for the cluster" in line for line in said) or job.poll() is not None,
                  timeout=120, what="the job to say it waits")  # fmt: skip
         assert job.poll() is None, "".join(said)[-3000:]
-        assert "bulk: waiting for the cluster: 0 worker(s) of 1 placed, needs 1 CPU(s) each on one node; the " \
-               "cluster has 0 free (of 1 on 1 live node(s))" in "".join(said)  # fmt: skip
+        assert f"bulk: waiting for the cluster: 0 worker(s) of {cpus} placed, needs 1 CPU(s) each on one node; " \
+               f"the cluster has 0 free (of {cpus} on 1 live node(s))" in "".join(said)  # fmt: skip
         job.send_signal(signal.SIGTERM)
         job.wait(timeout=15)  # at once: no part runs
     finally:
@@ -650,18 +632,53 @@ def test_a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_
     assert re.search(
         r"  workers +\= 0 \(auto: the Ray cluster's CPUs / --threads, counted once it is joined\)", printed
     )
-    assert "(workers = 0 (auto: 1 on this cluster)" in printed, printed
+    assert f"(workers = 0 (auto: {cpus} on this cluster)" in printed, printed
     assert summary(out)["stopped"] == "stopped by SIGTERM" and summary(out)["parts"]["not_started"] == 20
     config = json.loads((out / "config.json").read_text())
-    assert config["workers"] == 0 and config["as_run"] == {"workers": 1}, config
+    assert config["workers"] == 0 and config["as_run"] == {"workers": cpus}, config
     # The summary's options as run (it kept the 0 given), and the workers that scored: none yet.
-    assert summary(out)["options"]["workers"] == 1 and summary(out)["this_run"]["workers"] == 0
-    subprocess.run([sys.executable, "-c", HOG, address, "free"], env=ray_env, check=True, timeout=120)
+    assert summary(out)["options"]["workers"] == cpus and summary(out)["this_run"]["workers"] == 0
+    subprocess.run(
+        [sys.executable, "-c", HOG, address, "free", str(cpus)], env=ray_env, check=True, timeout=120
+    )
     # More workers than the cluster holds: the plan line says the one it holds, as the note before it does
-    # (it said 2), and the summary the one that scored.
-    done = run_bulk(corpus, out, "detector", "--ray", address, "--workers", "2", timeout=300, **ray_env)
+    # (it said the more given), and the summary the ones that scored.
+    more = cpus + 1
+    done = run_bulk(corpus, out, "detector", "--ray", address, "--workers", str(more), timeout=300, **ray_env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert summary(out)["parts"] == {"total": 20, "finished": 20, "failed": 0, "not_started": 0}
-    assert f"the Ray cluster at {address} holds 1 worker(s) of 1 thread(s), not --workers 2" in done.stderr
-    assert "20 to score with 1 worker(s) x 1 thread(s) on Ray (up to --workers 2 " in done.stdout, done.stdout
-    assert summary(out)["options"]["workers"] == 2 and summary(out)["this_run"]["workers"] == 1
+    assert (
+        f"the Ray cluster at {address} holds {cpus} worker(s) of 1 thread(s), not --workers {more}"
+        in done.stderr
+    )
+    assert (
+        f"20 to score with {cpus} worker(s) x 1 thread(s) on Ray (up to --workers {more} " in done.stdout
+    ), done.stdout
+    assert summary(out)["options"]["workers"] == more and summary(out)["this_run"]["workers"] == cpus
+
+
+def test_a_head_whose_cpus_are_held_elsewhere_then_lost_midway(tmp_path, corpus, local_rows, ray_env):
+    """Two stories on one `ray start --head` (each pays the head's start alone), in this order since the
+    second kills it: a job waiting for CPUs another actor holds, then a job whose cluster is lost midway
+    (each told in its own function above). The head has another number of CPUs than this machine has
+    cores, so a job without --workers is seen to run the cluster's count, not the driver's cores."""
+    from app.machine import available_cores
+
+    port = _port()
+    # In the same range as the head's. Not `_port(port + 1)`: on a third xdist worker the head took the
+    # range's last port, and the manager's range was empty (a ZeroDivisionError).
+    manager = _port(taken=port)
+    cpus = 1 if available_cores() > 1 else 2
+    subprocess.run([RAY, "start", "--head", "--port", str(port), "--node-manager-port", str(manager), "--num-cpus",
+                    str(cpus), "--include-dashboard=false", "--node-ip-address", "127.0.0.1", "--disable-usage-stats"],
+                   env=ray_env, check=True, capture_output=True, timeout=120, start_new_session=True)  # fmt: skip
+    address = f"127.0.0.2:{port}"
+    held, lost = tmp_path / "held", tmp_path / "lost"
+    held.mkdir()
+    lost.mkdir()
+    _a_job_waiting_for_cpus_held_elsewhere_says_so_and_a_sigterm_ends_it_at_once(
+        held, corpus, ray_env, address, manager, cpus
+    )
+    _a_cluster_lost_midway_ends_the_job_saying_so_and_the_same_command_resumes(
+        lost, corpus, local_rows, ray_env, address, cpus
+    )

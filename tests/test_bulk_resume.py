@@ -50,7 +50,14 @@ def reference(corpus, tmp_path_factory):
     return out, time.perf_counter() - t0
 
 
-def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_path, corpus, reference):
+def test_kill_minus_9_three_times_and_a_sigterm_to_the_group_then_resume_equals_an_uninterrupted_run(
+    tmp_path, corpus, reference
+):
+    """Three kill -9 at random moments, then systemd's default stop (or `timeout`): SIGTERM to every
+    process of the job. There the workers die with their parts, and the job said "a worker process died
+    while it scored X; it runs again" though it was stopping and ran nothing again: it says the next run
+    scores them. The same command then ends with the uninterrupted rows. (One job for both: the resume
+    that checks the rows is the same run for each.)"""
     ref_out, full_s = reference
     expected = rows(ref_out)
     ref = summary(ref_out)
@@ -81,6 +88,22 @@ def test_kill_minus_9_three_times_then_resume_equals_an_uninterrupted_run(tmp_pa
     print(f"\nuninterrupted run {full_s:.1f}s, {ref['parts']['total']} parts; killed (parts finished, seconds "
           f"after a part) at {moments}")  # fmt: skip
     assert finished() < ref["parts"]["total"], "killed after the job had finished"
+
+    # The whole group, as a service's processes are: its own session.
+    err_path = tmp_path / "err.txt"
+    before = finished()
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)  # fmt: skip
+    wait_for(lambda: finished() > before or proc.poll() is not None, timeout=120, what="a part")
+    assert proc.poll() is None, "the job finished before it could be stopped"
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143, err_path.read_text()
+    err = err_path.read_text()
+    assert "it runs again" not in err and "it fails" not in err, err
+    assert re.search(r"a worker process died while it scored \S+ \(.*\); the job is stopping: the next run "
+                     r"scores it", err), err  # fmt: skip
+    assert summary(out)["parts"]["failed"] == 0
 
     resumed = run_bulk(corpus, out, "detector", *FLAGS)
     assert resumed.returncode == 0, resumed.stderr
@@ -279,31 +302,6 @@ def test_a_run_that_ends_without_its_summary_leaves_none_of_the_run_before(tmp_p
         resumed.stdout,
     )
     assert summary(out)["documents"] == 14 + 100 and (out / "rejects.jsonl").read_text() == ""
-
-
-def test_a_sigterm_to_the_whole_group_says_the_next_run_scores_the_parts_held(tmp_path, corpus, reference):
-    """systemd's default stop (or `timeout`) sends SIGTERM to every process of the job: the workers die with
-    their parts, and the job said "a worker process died while it scored X; it runs again" though it was
-    stopping and ran nothing again. It says the next run scores them; the same command then does."""
-    out = tmp_path / "out"
-    manifest = out / "manifest.jsonl"
-    err_path = tmp_path / "err.txt"
-    with open(err_path, "w") as err:
-        proc = subprocess.Popen(bulk_argv(corpus, out, "detector", *FLAGS), cwd=REPO, env=env(),
-                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)  # fmt: skip
-    wait_for(lambda: manifest.exists() and manifest.read_text().count("\n") >= 1 or proc.poll() is not None,
-             timeout=120, what="a part")  # fmt: skip
-    assert proc.poll() is None, "the job finished before it could be stopped"
-    os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(timeout=120) == 143, err_path.read_text()
-    err = err_path.read_text()
-    assert "it runs again" not in err and "it fails" not in err, err
-    assert re.search(r"a worker process died while it scored \S+ \(.*\); the job is stopping: the next run "
-                     r"scores it", err), err  # fmt: skip
-    assert summary(out)["parts"]["failed"] == 0
-    resumed = run_bulk(corpus, out, "detector", *FLAGS)
-    assert resumed.returncode == 0, resumed.stderr
-    assert rows(out) == rows(reference[0])
 
 
 # A sitecustomize that holds each spawned worker process at its interpreter's start, before it unpickles its
