@@ -100,9 +100,9 @@ def pytest_addoption(parser) -> None:
 
 
 def pytest_configure(config) -> None:
-    # Resolved once, where the command line was given: pytest-xdist's workers get the options as resolved
-    # here, but not how the command line named its tests.
-    if not hasattr(config, "workerinput") and config.option.tier is None:
+    # Resolved in every process alike: pytest-xdist's workers get the command line as it was given (not the
+    # options resolved in the first process), and read it as it does.
+    if config.option.tier is None:
         named = config.args_source != pytest.Config.ArgsSource.TESTPATHS
         # --lf: the failures of the run before, which may have been the slow tier's
         chosen = config.option.keyword or config.option.markexpr or getattr(config.option, "lf", False)
@@ -110,7 +110,7 @@ def pytest_configure(config) -> None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    tier = config.option.tier or "all"
+    tier = config.option.tier
     if tier == "all":
         return
     keep, left = [], []

@@ -55,7 +55,7 @@ def ran(suite: Path, *args: str) -> tuple[set[str], str]:
 
 @pytest.mark.parametrize(
     ("args", "runs"),
-    [((), {"test_quick"}), (("--tier", "slow"), {"test_slow"}), (("--tier", "all"), {"test_quick", "test_slow"}),
+    [((), {"test_quick"}), (("-n", "2"), {"test_quick"}), (("--tier", "slow"), {"test_slow"}), (("--tier", "all"), {"test_quick", "test_slow"}),
      (("tests/test_two.py",), {"test_quick", "test_slow"}), (("-k", "test_"), {"test_quick", "test_slow"}),
      (("tests/test_two.py", "--tier", "quick"), {"test_quick"}), (("-n", "2", "--tier", "slow"), {"test_slow"})],
 )  # fmt: skip
