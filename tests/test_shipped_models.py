@@ -94,6 +94,7 @@ def test_the_shipped_detector_finds_the_swapped_word_far_above_chance_and_bigram
     assert s["recall_at_10pct_clean_flagged"] >= _floor(RECALL10_PUBLISHED, n)
 
 
+@pytest.mark.slow
 def test_the_default_threshold_keeps_clean_sentences_mostly_unflagged(detector_figures):
     s = detector_figures
     assert s["clean_with_span"] <= CLEAN_WITH_SPAN_PUBLISHED + 2 * math.sqrt(0.25 / SENTENCES)
