@@ -86,7 +86,8 @@ def tiny_init(tmp_path_factory, small_tokenizer) -> Path:
 # quick one: every test but those marked `slow`, within the 15 minutes the README promises on two cores.
 # The slow tier holds the end-to-end runs that cost 8 s to a few minutes each (Ray clusters, torchrun
 # launches, kills and resumes, browsers, installs): .ci/run runs it after the quick tier, so CI runs
-# every test. A run that names tests (paths, -k, -m, --lf) runs what it names, whatever its tier.
+# every test. A run that names tests (paths, -k, -m) runs what it names, whatever its tier; --lf reruns
+# the failures of the tier it runs (scripts/test --tier slow --lf, those of the slow tier).
 TIERS = ("quick", "slow", "all")
 
 
@@ -94,8 +95,8 @@ def pytest_addoption(parser) -> None:
     parser.addoption(
         "--tier", choices=TIERS, default=None,
         help="quick: every test not marked slow (the default of a run that names no tests); slow: those "
-             "alone (.ci/run runs them after the quick ones); all: both. A run that names tests (paths, -k, -m, "
-             "--lf) runs every test it names unless --tier is given.",
+             "alone (.ci/run runs them after the quick ones); all: both. A run that names tests (paths, -k, -m) "
+             "runs every test it names unless --tier is given.",
     )  # fmt: skip
 
 
@@ -103,10 +104,9 @@ def pytest_configure(config) -> None:
     # Resolved in every process alike: pytest-xdist's workers get the command line as it was given (not the
     # options resolved in the first process), and read it as it does.
     if config.option.tier is None:
-        named = config.args_source != pytest.Config.ArgsSource.TESTPATHS
-        # --lf: the failures of the run before, which may have been the slow tier's
-        chosen = config.option.keyword or config.option.markexpr or getattr(config.option, "lf", False)
-        config.option.tier = "all" if named or chosen else "quick"
+        # Named: paths or node ids on the command line. A bare `pytest` run inside tests/ names none.
+        named = config.args_source == pytest.Config.ArgsSource.ARGS
+        config.option.tier = "all" if named or config.option.keyword or config.option.markexpr else "quick"
 
 
 def pytest_collection_modifyitems(config, items) -> None:

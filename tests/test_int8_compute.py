@@ -65,7 +65,6 @@ def test_smoothed_activations_export_within_the_gate_and_recover(
     assert recovered["smoothing"] == spec["smoothing"]
 
 
-@pytest.mark.slow
 def test_a_quantization_aware_run_exports_int8_compute_within_the_gate(qat_bundle):
     run, bundle = qat_bundle
     manifest = json.loads((bundle / "manifest.json").read_text())

@@ -41,11 +41,11 @@ def suite(tmp_path_factory) -> Path:
     return root
 
 
-def ran(suite: Path, *args: str) -> tuple[set[str], str]:
+def ran(suite: Path, *args: str, cwd: Path | None = None) -> tuple[set[str], str]:
     # Without the installed plugins (hypothesis, schemathesis, locust...): their loading took 9 of a run's 11 s.
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "xdist", "-v", *args],
-                          cwd=suite, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+                          cwd=cwd or suite, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     passed = [line for line in done.stdout.splitlines() if "PASSED" in line]  # pytest-xdist's lines too
     return {
@@ -65,3 +65,10 @@ def test_a_run_naming_no_tests_leaves_the_slow_tier_out_and_says_how_to_run_it(s
     quick = "test_slow" not in runs
     assert ("tier: quick (the tests marked slow are left out" in said) == quick, said[-3000:]
     assert ("scripts/test --tier slow runs them" in said) == quick, said[-3000:]
+
+
+def test_a_bare_run_inside_tests_names_no_tests_either(suite):
+    """pytest run from tests/ with nothing named (its own directory's tests, not testpaths) is the quick tier
+    too: it ran every test."""
+    names, said = ran(suite, cwd=suite / "tests")
+    assert names == {"test_quick"}, said[-3000:]

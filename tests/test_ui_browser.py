@@ -31,6 +31,8 @@ try:
 except ImportError:  # tests/ made a package
     from tests.app_fixtures import REPO, Server, free_port, run_server, wait_for
 
+# The slow tier (docs/ci.md): each test drives a real Chromium against a real server, 5 to 25 s apiece.
+pytestmark = pytest.mark.slow
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 MODELS = REPO / "models"
@@ -429,7 +431,6 @@ def test_threshold_remarks_spans_without_a_request(browser, server):
     assert not browser.find_element("id", "error").is_displayed()
 
 
-@pytest.mark.slow
 def test_long_text_is_one_shaded_text(browser, server):
     text = " ".join([SENTENCE] * 60)  # several model windows; the user sees one text
     open_page(browser, server)
@@ -614,7 +615,6 @@ def test_empty_text_shows_the_apis_error(browser, server):
     assert "200 (bad_response)" in head and "proxy or a login page" in todo
 
 
-@pytest.mark.slow
 def test_an_off_grid_threshold_another_models_error_and_extreme_numbers(browser, tmp_path):
     """A bundle's threshold between the slider's 0.01 steps (0.575) was snapped to 0.58, shown as 0.58
     ("model default 0.57") and sent so; a classifier's error stayed on screen once the detector was chosen
@@ -756,7 +756,6 @@ def test_classifier_bars_sum_to_100(browser, server):
     assert browser.find_element("id", "status").text == said
 
 
-@pytest.mark.slow
 def test_a_cut_text_is_said_for_every_kind_of_classifier(browser, tmp_path):
     """The page said a text was cut to the model's maximum length only for single-label classifiers: a
     multi-label (or regression) model's scores of a text's start read as the whole text's."""
@@ -917,7 +916,6 @@ def error_shown(driver) -> tuple[str, str, str]:
     )
 
 
-@pytest.mark.slow
 def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
     """Each refusal shows the server's message and, for the person at the page, what to do (the server's
     own advice is an operator's: "split it or raise the limit (--max-text-tokens)"); a 429's Retry-After
@@ -958,7 +956,6 @@ def test_refusals_say_what_to_do_and_the_page_goes_on(browser, tmp_path):
         assert not browser.find_element("id", "error").is_displayed()
 
 
-@pytest.mark.slow
 def test_a_slider_moved_while_a_check_scores_stays_where_the_user_put_it(browser, tmp_path):
     """The page follows a re-exported detector's threshold from the answer (the test below), but not over
     a slider the user moved while that Check was under way: it jumped back to the server's default."""
@@ -998,7 +995,6 @@ def test_a_slider_moved_while_a_check_scores_stays_where_the_user_put_it(browser
         assert [text for text, _, over in shading(browser) if over] == spans
 
 
-@pytest.mark.slow
 def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, tmp_path):
     import shutil
 
@@ -1063,7 +1059,6 @@ def test_a_stopped_server_is_said_and_the_page_goes_on_when_it_is_back(browser, 
         assert not browser.find_element("id", "error").is_displayed()
 
 
-@pytest.mark.slow
 def test_a_model_the_server_found_broken_is_said_so_not_busy(browser, tmp_path):
     """Started again with the page's model broken (its model.onnx damaged): the 503 is not a busy server,
     so the page does not say to wait; it names the model unusable and brings its list up to date."""
@@ -1134,7 +1129,6 @@ def test_a_script_that_did_not_load_is_said(browser, server):
     assert not browser.find_elements("id", "load-failed")
 
 
-@pytest.mark.slow
 def test_a_model_fine_tuned_on_pairs_gets_a_second_text(browser, tmp_path):
     """/classify refused the page's single text for a model fine-tuned on pairs (422 "send `pairs`"): the
     page could not use such a model at all. It now shows a second text box for it, and sends the pair; for
