@@ -53,6 +53,12 @@ def rows(out: Path) -> list[dict]:
     return sorted(table.to_pylist(), key=lambda r: (r["file"], r["line"]))
 
 
+def parts_finished(out: Path) -> int:
+    """The parts a job in `out` has recorded as finished so far (its manifest's lines; 0 before any)."""
+    manifest = out / "manifest.jsonl"
+    return manifest.read_text().count("\n") if manifest.exists() else 0
+
+
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 

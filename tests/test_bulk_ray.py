@@ -27,6 +27,7 @@ from bulk_helpers import (
     bulk_argv,
     dying_on,
     env,
+    parts_finished,
     patched_on_import,
     rows,
     run_bulk,
@@ -324,7 +325,7 @@ def test_sigterm_stops_a_ray_job_as_its_next_part_finishes_then_to_the_whole_gro
     two stops: each pays an instance's start alone, and one local run checks what both leave."""
     out = tmp_path / "out"
     manifest = out / "manifest.jsonl"
-    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
+    finished = lambda: parts_finished(out)  # noqa: E731
     proc = subprocess.Popen(bulk_argv(corpus, out, "detector", "--workers", "2", "--ray"), cwd=REPO,
                             env=ray_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     wait_for(lambda: finished() >= 1 or proc.poll() is not None, timeout=180, what="a part on Ray")

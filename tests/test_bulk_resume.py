@@ -17,7 +17,18 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 from app_fixtures import wait_for
-from bulk_helpers import REPO, bulk_argv, dying_on, env, rows, run_bulk, summary, wiki, write_jsonl
+from bulk_helpers import (
+    REPO,
+    bulk_argv,
+    dying_on,
+    env,
+    parts_finished,
+    rows,
+    run_bulk,
+    summary,
+    wiki,
+    write_jsonl,
+)
 
 pytestmark = pytest.mark.slow
 KILLS = 3
@@ -65,8 +76,7 @@ def test_kill_minus_9_three_times_and_a_sigterm_to_the_group_then_resume_equals_
     per_part = 2 * ref["this_run"]["scoring_s"] / ref["parts"]["total"]
 
     out = tmp_path / "killed"
-    manifest = out / "manifest.jsonl"
-    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
+    finished = lambda: parts_finished(out)  # noqa: E731
     rng = random.Random(45)
     moments = []
     for _ in range(KILLS):
@@ -122,8 +132,7 @@ def test_ctrl_c_keeps_the_parts_running_and_twice_stops_at_once_then_the_same_co
     KeyboardInterrupt traceback. Now: no more parts start, those running are recorded, exit 130; twice:
     the workers are killed at once. Then the same command ends with the uninterrupted rows."""
     out = tmp_path / "stopped"
-    manifest = out / "manifest.jsonl"
-    finished = lambda: manifest.read_text().count("\n") if manifest.exists() else 0  # noqa: E731
+    finished = lambda: parts_finished(out)  # noqa: E731
     total = summary(reference[0])["parts"]["total"]
 
     def start(err_path):
