@@ -1,5 +1,7 @@
 """Every relative link in the repository's Markdown points at something the repository holds: results
-that go (issue 34) take their links with them, or the docs point at git history instead."""
+that go (issue 34) take their links with them, or the docs point at git history instead. A link to a
+section (`deploy.md#metrics`) names a heading the file has, so moving text between the README and docs/
+cannot leave a link landing at the top of a page."""
 
 import re
 import shutil
@@ -9,19 +11,46 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LINK = re.compile(r"\]\(([^)#\s]+)")
+LINK = re.compile(r"\]\(([^)\s]*)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower-cased, punctuation dropped, spaces as hyphens,
+    a repeated one numbered (-1, -2...)."""
+    anchors, seen = set(), {}
+    for line in FENCE.sub("", text).splitlines():
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        anchors.add(slug if n == 0 else f"{slug}-{n}")
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rule():
+    text = "# Serving: `/detect`\n```\n# not a heading\n```\n## The page at `/`\n## Tests\n## Tests\n"
+    assert heading_anchors(text) == {"serving-detect", "the-page-at-", "tests", "tests-1"}
 
 
 def test_relative_links_in_markdown_resolve():
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout")
-    docs = subprocess.run(["git", "ls-files", "*.md"], cwd=REPO, capture_output=True, text=True, check=True)
+    listed = ["ls-files", "--cached", "--others", "--exclude-standard", "*.md"]  # a new doc before its commit
+    docs = subprocess.run(["git", *listed], cwd=REPO, capture_output=True, text=True, check=True)
     broken = []
     for doc in docs.stdout.split():
-        for target in LINK.findall((REPO / doc).read_text()):
-            if (
-                not target.startswith(("http://", "https://", "mailto:"))
-                and not (REPO / doc).parent.joinpath(target).exists()
-            ):
-                broken.append(f"{doc} -> {target}")
+        text = (REPO / doc).read_text()
+        for link in LINK.findall(CODE_SPAN.sub("", FENCE.sub("", text))):
+            if not link or link.startswith(("http://", "https://", "mailto:")):
+                continue
+            target, _, anchor = link.partition("#")
+            path = (REPO / doc).parent.joinpath(target) if target else REPO / doc
+            if not path.exists():
+                broken.append(f"{doc} -> {link}")
+            elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path.read_text()):
+                broken.append(f"{doc} -> {link} (no such heading)")
     assert not broken, "broken links: " + ", ".join(broken)
