@@ -87,7 +87,7 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     err = r.json()["error"]
     assert err["type"] == type and err["field"] == field, err
     assert len(err["message"]) > 5
-    # A limit's refusal names the setting that sets it, as the README promises.
+    # A limit's refusal names the setting that sets it, as docs/serving.md promises.
     setting = {"body_too_large": "--max-body-bytes", "batch_too_large": "--max-batch-size"}.get(type)
     assert setting is None or setting in err["message"], err
 
@@ -326,8 +326,8 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert ready.status_code == 200 and ready.json()["status"] == "ready"
             # The API's documentation, which the page links to (a link cannot carry the key).
             assert c.get("/schema").status_code == 200 and c.get("/schema/openapi.json").status_code == 200
-            # A CORS preflight never carries the key (browsers send none): without --cors-origins it gets the
-            # README's 204 without CORS headers (it got 401), so the browser keeps the page out.
+            # A CORS preflight never carries the key (browsers send none): without --cors-origins it gets
+            # docs/serving.md's 204 without CORS headers (it got 401), so the browser keeps the page out.
             preflight = {"origin": "https://x.example", "access-control-request-method": "POST"}
             r = c.options("/detect", headers=preflight)
             assert r.status_code == 204 and "access-control-allow-origin" not in r.headers, r.text

@@ -1,5 +1,5 @@
 """Request bodies decoded strictly, before Litestar's own (lenient) conversion sees them: a `route`'s
-before_request hook. What the README promises and Litestar alone does not give:
+before_request hook. What docs/serving.md promises and Litestar alone does not give:
 
 - Content-Type must be application/json (415 otherwise): a browser may POST text/plain cross-origin
   without a preflight, so a lenient server is open to form-post CSRF. A Content-Encoding (gzip) is 415
