@@ -57,13 +57,16 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=30s --retries=3 \
 CMD ["python", "-m", "app"]
 
 # ---------------------------------------------------------------------------- gpu: CUDA + onnxruntime-gpu
-FROM ${CUDA_IMAGE} AS gpu
-# As in build-cpu: a proxy's CA for pip, kept out of the image (the PEM file is removed in the same layer).
-ARG EXTRA_CA_CERTS=""
+FROM ${CUDA_IMAGE} AS gpu-base
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends python3 python3-venv \
     && rm -rf /var/lib/apt/lists/*
+
+FROM gpu-base AS build-gpu
+# As in build-cpu: a proxy's CA for pip, in a stage of its own, so that the image's history does not record
+# the argument (an ARG of the final stage is listed by `docker history`), and the PEM file removed.
+ARG EXTRA_CA_CERTS=""
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY requirements/serve.txt requirements/not-in-image.txt ./requirements/
@@ -79,6 +82,8 @@ RUN if [ -n "$EXTRA_CA_CERTS" ]; then \
     && /opt/venv/bin/pip uninstall -y -q pip setuptools \
     && rm -rf /src /tmp/ca.pem \
     && /opt/venv/bin/python -P -c "import app.http.server"
+
+FROM gpu-base AS gpu
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -86,6 +91,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     ELECTRA_PORT=8000 \
     ELECTRA_MODELS_DIR=/srv/models
 RUN useradd --system --uid 10001 --no-create-home electra
+COPY --from=build-gpu /opt/venv /opt/venv
 COPY models /srv/models
 USER 10001
 WORKDIR /srv

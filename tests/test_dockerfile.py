@@ -39,7 +39,7 @@ def test_hadolint_passes():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("name", "engine"), [("build-cpu", "onnxruntime"), ("gpu", "onnxruntime-gpu")])
+@pytest.mark.parametrize(("name", "engine"), [("build-cpu", "onnxruntime"), ("build-gpu", "onnxruntime-gpu")])
 def test_each_install_trusts_a_proxys_ca_and_pins_its_engine(name, engine):
     """README: both images install what requirements/serve.txt pins, and take --build-arg EXTRA_CA_CERTS."""
     text = stage(name)
@@ -47,6 +47,14 @@ def test_each_install_trusts_a_proxys_ca_and_pins_its_engine(name, engine):
     assert re.search(r'pip install --no-cache-dir "\.\[\w+\]" -c requirements/serve\.txt', text), name
     pins = (REPO / "requirements" / "serve.txt").read_text().splitlines()
     assert any(line.startswith(f"{engine}==") for line in pins), f"{engine} is not pinned"
+
+
+@pytest.mark.parametrize(("image", "build"), [("cpu", "build-cpu"), ("gpu", "build-gpu")])
+def test_each_image_takes_its_venv_from_a_build_stage_that_holds_the_proxy_ca(image, build):
+    """A build argument of an image's own stage is listed by `docker history`: the gpu image, built in one
+    stage, kept the EXTRA_CA_CERTS given to it there."""
+    assert "ARG " not in stage(image) and f"COPY --from={build} /opt/venv /opt/venv" in stage(image)
+    assert "ARG EXTRA_CA_CERTS" in stage(build)
 
 
 @pytest.mark.slow
