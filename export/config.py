@@ -109,7 +109,7 @@ class ExportConfig:
         300, "detectors: sentences per kind of swap and source, and as many clean"
     )
     # As training's --threads (training/config.py HardwareOptions), and for ONNX Runtime's sessions too:
-    # the export's checks run both, each on every core unless told (README "CPUs").
+    # the export's checks run both, each on every core unless told (docs/training.md, "CPUs").
     threads: int | None = option(
         None, "threads for torch and for each ONNX Runtime session the export opens (0 or none: every core)"
     )

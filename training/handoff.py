@@ -436,7 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     except DiskFullError as e:  # before OSError, which it is: the disk to make room on, while it ran
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
-    except (HandoffError, CheckpointError) as e:  # a run, a handoff or an --out to change (the README's 2)
+    except (
+        HandoffError,
+        CheckpointError,
+    ) as e:  # a run, a handoff or an --out to change (exit 2, as for any bad option)
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a path that cannot be read or written (permissions, a read-only disk): to change
