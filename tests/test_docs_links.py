@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LINK = re.compile(r"\]\(([^)\s]*)\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
+LINK = re.compile(r"\]\(([^)\s]*)(?:\s+\"[^\"]*\")?\)")  # [text](target "title")
+FENCE = re.compile(r"^(`{3,}|~{3,}).*?^\1", re.S | re.M)  # a fence closes on a run as long as its own
 CODE_SPAN = re.compile(r"`[^`\n]*`")
 
 
@@ -32,8 +32,9 @@ def heading_anchors(text: str) -> set[str]:
 
 
 def test_heading_anchors_follow_githubs_rule():
-    text = "# Serving: `/detect`\n```\n# not a heading\n```\n## The page at `/`\n## Tests\n## Tests\n"
+    text = "# Serving: `/detect`\n````\n```\n# not a heading\n````\n## The page at `/`\n## Tests\n## Tests\n"
     assert heading_anchors(text) == {"serving-detect", "the-page-at-", "tests", "tests-1"}
+    assert LINK.findall('[a](b.md#c "a title") [d](e.md)') == ["b.md#c", "e.md"]
 
 
 def test_relative_links_in_markdown_resolve():

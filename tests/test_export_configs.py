@@ -50,6 +50,10 @@ def test_a_model_of_one_token_type_exports_and_is_served_texts_only(tmp_path, to
         assert client.get("/models").json()["models"][0]["trained_on"] == "texts"
         r = client.post("/classify", json={"pairs": [["a fine film", "great"]]})
         assert r.status_code == 422 and "type_vocab_size is 1" in r.json()["error"]["message"], r.text
+        # The default model's refusal says it was the default (a client may have meant another classifier).
+        assert "'one' is the default classifier" in r.json()["error"]["message"], r.text
+        named = client.post("/classify", json={"model": "one", "pairs": [["a fine film", "great"]]})
+        assert named.status_code == 422 and "default" not in named.json()["error"]["message"], named.text
         assert client.post("/classify", json={"texts": ["a fine film"]}).status_code == 200
 
 

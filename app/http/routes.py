@@ -113,7 +113,7 @@ async def classify(data: JSONBody[ClassifyRequest], request: Request) -> Respons
     field, items = check_inputs(max_batch, data.text, data.texts, data.pairs, pairs_ok=True)
     model = _registry(request).resolve(data.model, "classifier", _arrived_before_drain(request))
     _label(request, model.name)  # the model's own refusals below count under its name too
-    _check_trained_on(model.name, model.bundle.manifest, field)
+    _check_trained_on(model.name, model.bundle.manifest, field, named=data.model is not None)
     _check_top_k(model.name, model.bundle.manifest, data.top_k)
     return await _score(request, model, scoring.Classify(data.top_k), field, items)
 
@@ -126,9 +126,11 @@ def _check_top_k(name: str, manifest: Manifest, top_k: int | None) -> None:
                        "regression (its `score` is the predicted value): leave top_k out", field="top_k")  # fmt: skip
 
 
-def _check_trained_on(name: str, manifest: Manifest, field: str) -> None:
+def _check_trained_on(name: str, manifest: Manifest, field: str, named: bool) -> None:
     """A model fine-tuned on single texts answers a pair too, and the answer means nothing (and the other
-    way round): refuse the input it never saw. A model of one token type cannot take a pair at all."""
+    way round): refuse the input it never saw. A model of one token type cannot take a pair at all. The
+    default model refusing says it was the default: a client that meant another classifier was told only
+    to send the other kind of input."""
     trained_on = manifest.trained_on
     if trained_on is None or (field == "pairs") == (trained_on == "pairs"):
         return
@@ -139,6 +141,9 @@ def _check_trained_on(name: str, manifest: Manifest, field: str) -> None:
                "pair's two texts apart: send `text` or `texts`")  # fmt: skip
     else:
         msg = f"model {name!r} was fine-tuned on single texts, not pairs: send `text` or `texts`"
+    if not named:
+        msg += (f"; {name!r} is the default classifier (the request names no `model`): name the one to use, "
+                "or start the server with --default-classifier")  # fmt: skip
     raise AppError(ErrorType.VALIDATION, msg, field=field)
 
 
