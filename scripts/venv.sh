@@ -20,11 +20,15 @@ venv_python_version() { # "3.11", or nothing where $1 does not run
 venv_ready() {
     local name=$1 install=$2
     shift 2
-    local python=${PYTHON:-python3} why="" wanted
-    wanted=$(venv_python_version "$python")
-    if [ -z "$wanted" ]; then
-        echo "$0: $python does not run: install Python 3.11 or later, or name one with PYTHON=" >&2
-        exit 2
+    local python=${PYTHON:-python3} why="" wanted=""
+    # The Python to make a venv with is asked only where it matters: a working .venv made by another
+    # Python than the python3 on PATH is kept.
+    if [ -n "${PYTHON:-}" ] || [ ! -e .venv ] || ! .venv/bin/python -m pip --version > /dev/null 2>&1; then
+        wanted=$(venv_python_version "$python")
+        if [ -z "$wanted" ]; then
+            echo "$0: $python does not run: install Python 3.11 or later, or name one with PYTHON=" >&2
+            exit 2
+        fi
     fi
     if [ ! -e .venv ]; then
         why="new"

@@ -11,16 +11,36 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LINK = re.compile(r"\]\(([^)\s]*)(?:\s+\"[^\"]*\")?\)")  # [text](target "title")
-FENCE = re.compile(r"^(`{3,}|~{3,}).*?^\1", re.S | re.M)  # a fence closes on a run as long as its own
+# [text](target), [text](<target>), with or without a title ("t", 't' or (t))
+LINK = re.compile(r"""\]\((?:<([^>\n]*)>|([^)\s]*))(?:\s+(?:"[^"]*"|'[^']*'|\([^)]*\)))?\)""")
+FENCE_LINE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
 CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def outside_fences(text: str) -> str:
+    """The lines outside fenced code blocks. A fence closes on a run of its own character at least as long,
+    with nothing after it; one never closed runs to the end of the file (CommonMark)."""
+    kept, fence = [], None
+    for line in text.splitlines():
+        m = FENCE_LINE.match(line)
+        if fence is None and m:
+            fence = m.group(1)
+        elif fence is None:
+            kept.append(line)
+        elif m and m.group(1)[0] == fence[0] and len(m.group(1)) >= len(fence) and not m.group(2).strip():
+            fence = None
+    return "\n".join(kept)
+
+
+def links(text: str) -> list[str]:
+    return [angled or plain for angled, plain in LINK.findall(CODE_SPAN.sub("", outside_fences(text)))]
 
 
 def heading_anchors(text: str) -> set[str]:
     """The anchors GitHub gives a file's headings: lower-cased, punctuation dropped, spaces as hyphens,
     a repeated one numbered (-1, -2...)."""
     anchors, seen = set(), {}
-    for line in FENCE.sub("", text).splitlines():
+    for line in outside_fences(text).splitlines():
         m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if not m:
             continue
@@ -34,7 +54,10 @@ def heading_anchors(text: str) -> set[str]:
 def test_heading_anchors_follow_githubs_rule():
     text = "# Serving: `/detect`\n````\n```\n# not a heading\n````\n## The page at `/`\n## Tests\n## Tests\n"
     assert heading_anchors(text) == {"serving-detect", "the-page-at-", "tests", "tests-1"}
-    assert LINK.findall('[a](b.md#c "a title") [d](e.md)') == ["b.md#c", "e.md"]
+    # A line with an info string opens a fence but never closes one.
+    assert heading_anchors("```\ncode\n```python\n# inside\n```\n# after\n") == {"after"}
+    said = "[a](b.md#c \"t\") [d](e.md 't') [f](g.md (t)) [h](<i j.md>) `[k](l.md)`"
+    assert links(said) == ["b.md#c", "e.md", "g.md", "i j.md"]
 
 
 def test_relative_links_in_markdown_resolve():
@@ -45,7 +68,7 @@ def test_relative_links_in_markdown_resolve():
     broken = []
     for doc in docs.stdout.split():
         text = (REPO / doc).read_text()
-        for link in LINK.findall(CODE_SPAN.sub("", FENCE.sub("", text))):
+        for link in links(text):
             if not link or link.startswith(("http://", "https://", "mailto:")):
                 continue
             target, _, anchor = link.partition("#")
