@@ -295,6 +295,10 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
                           "of --eval-data has one label, and the model answers yes or no for each): it measures "
                           "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
+    if cfg.eval_data and kind == "classifier":
+        # Read now, as the int8 check will: a file with other columns or labels than the model's was refused
+        # only after the fp32 export and its parity check had taken their time.
+        evaldata.label_ids(evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg), mcfg.id2label, ptype)
     from training.quantization import trained_quantization_aware
 
     # Not merely ranges in config.json: a checkpoint recovered from an int8-compute bundle of a model trained

@@ -394,3 +394,19 @@ def test_architectures_naming_another_head_than_the_weights_hold_says_which_to_w
         "ElectraForSequenceClassification",
         "ElectraForPreTraining",
     ]
+
+
+def test_eval_data_is_read_before_the_export_runs(tmp_path, tokenizer_dir, capsys):
+    """--eval-data with other columns than the model's, or a label the model lacks, was refused only at the
+    int8 check, after the fp32 export and its parity check had run: now before either."""
+    from export.__main__ import main
+
+    src = hm.save_classifier(tmp_path / "src", tokenizer_dir)
+    cases = [("columns.csv", "review,stars\na film,neg\n", "expected columns 'text' and 'label'"),
+             ("labels.csv", "text,label\na film,awful\n", "label 'awful' is not one of the model's labels")]  # fmt: skip
+    for name, body, says in cases:
+        (tmp_path / name).write_text(body)
+        assert main([str(src), "--out", str(tmp_path / "x"), "--eval-data", str(tmp_path / name)]) == 2
+        said = capsys.readouterr()
+        assert says in said.err, said.err
+        assert "fusions:" not in said.out + said.err and not (tmp_path / "x").exists()
