@@ -6,6 +6,7 @@ no package index."""
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -45,9 +46,13 @@ def serving(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600
     try:
         wait_for(ready, timeout=timeout, what="scripts/serve's /ready")
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0, (cwd / log.name).read_text()[-3000:]
+    except BaseException:  # the whole group: a pip the script runs outlives a signal to bash alone
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    os.killpg(proc.pid, signal.SIGTERM)  # the script exec'd the server: the group is the server
+    assert proc.wait(timeout=60) == 0, (cwd / log.name).read_text()[-3000:]
 
 
 def served(url: str) -> list[str]:
