@@ -177,6 +177,18 @@ def unread(cfg: ExportConfig, kind: str | None = None) -> dict[str, tuple[str, s
         why = "--no-calibrate leaves the probabilities as the model gives them (threshold 0.5)"
         out["calibration_text"] = (why, "drop --calibration-text, or calibrate")
         out["calibration_sentences"] = (why, None)
+    # --eval-data: refused typed, as before; from a replayed file (a classifier's int8 bundle's
+    # export_config.json replayed with --precision fp32) a note, where it was refused as if typed.
+    if kind == "detector":
+        out["eval_data"] = ("it is a classifier's labelled data; a detector is checked on --eval-text",
+                            "drop --eval-data")  # fmt: skip
+    elif cfg.precision != "int8":
+        out["eval_data"] = (f"it is read by the int8 accuracy check, and a --precision {cfg.precision} export is "
+                            "checked against PyTorch's outputs instead, and answers as the model does",
+                            "drop --eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
+    if "eval_data" in out:
+        for name in COLUMN_OPTIONS:
+            out[name] = ("it names a column of --eval-data, which this export does not read", None)
     return out
 
 

@@ -267,12 +267,6 @@ def _load(cfg: ExportConfig, log) -> _Source:
             f"--max-length {max_length} exceeds the model's {mcfg.max_position_embeddings} positions"
         )
     check_read(cfg, kind, log)  # options this export would not read: refused given, noted from a file
-    if kind == "detector" and cfg.eval_data:
-        raise ConfigError("--eval-data is a classifier's labelled data; a detector is checked on --eval-text")
-    if cfg.eval_data and cfg.precision != "int8":  # recorded in export_config.json, it would read as checked
-        raise ConfigError(f"--eval-data is read by the int8 accuracy check; a --precision {cfg.precision} export "
-                          "is checked against PyTorch's outputs instead, and answers as the model does: drop "
-                          "--eval-data (the fine-tuning run's eval_dev.json holds the model's accuracy)")  # fmt: skip
     warnings = []
     # A length the export would choose itself is no choice of the user's: a replayed export_config.json
     # gives it back as --max-length, and its bundle had a warning the first one did not.
@@ -283,19 +277,25 @@ def _load(cfg: ExportConfig, log) -> _Source:
     if differs := transformers_reads_otherwise(ckpt):  # the bundle is right for our older cased checkpoints
         warnings.append(differs)
         log(f"warning: {warnings[-1]}")
-    if cfg.text_pair_column and evaldata.trained_on_pairs(ckpt) is False:
+    skipped = unread(cfg, kind)  # a replayed file's --eval-data and its columns, left out with a note
+    if (
+        cfg.text_pair_column
+        and "text_pair_column" not in skipped
+        and evaldata.trained_on_pairs(ckpt) is False
+    ):
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model was fine-tuned on single texts "
                           "and takes no pairs: name --eval-data's text and label columns only")  # fmt: skip
-    if cfg.text_pair_column and mcfg.type_vocab_size < 2:
+    if cfg.text_pair_column and "text_pair_column" not in skipped and mcfg.type_vocab_size < 2:
         raise ConfigError(f"--text-pair-column {cfg.text_pair_column}: the model's config.json says type_vocab_size "
                           f"{mcfg.type_vocab_size}, so it has no token type for a pair's second text and takes "
                           "no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
-    if cfg.eval_data and ptype == "multi_label_classification":  # recorded in export_config.json as if read
+    # recorded in export_config.json as if read
+    if cfg.eval_data and "eval_data" not in skipped and ptype == "multi_label_classification":
         raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
                           "of --eval-data has one label, and the model answers yes or no for each): it measures "
                           "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
-    if cfg.eval_data and kind == "classifier":
+    if cfg.eval_data and "eval_data" not in skipped:
         # Read now, as the int8 check will: a file with other columns or labels than the model's was refused
         # only after the fp32 export and its parity check had taken their time.
         evaldata.label_ids(evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg), mcfg.id2label, ptype)

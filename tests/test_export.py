@@ -895,22 +895,56 @@ def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(
 
     config = json.loads((detector_dir / "config.json").read_text())
     for flags, says in [
-        (["--eval-data", str(_dev_csv(tmp_path / "dev.csv"))], "--eval-data is a classifier's"),
-        (["--max-length", str(config["max_position_embeddings"] + 1)], "exceeds the model's"),
+        (["--eval-data", str(_dev_csv(tmp_path / "dev.csv"))], "it is a classifier's labelled data"),
+        (
+            ["--max-length", str(config["max_position_embeddings"] + 1), "--precision", "fp32"],
+            "exceeds the model's",
+        ),
     ]:  # --calibration-text: refused while parsing (test_export_options.py)
-        assert main([str(detector_dir), "--out", str(tmp_path / "b"), "--precision", "fp32", *flags]) == 2, (
-            flags
-        )
+        assert main([str(detector_dir), "--out", str(tmp_path / "b"), *flags]) == 2, flags
         assert says in capsys.readouterr().err, flags
         assert not (tmp_path / "b").exists()
     # Read only by the int8 accuracy check: an fp32 bundle's export_config.json recorded it as if checked.
     dev = str(_dev_csv(tmp_path / "dev.csv"))
-    for flags, says in [
-        (["--eval-data", dev, "--precision", "fp32"], "--eval-data is read by the int8 accuracy check"),
-    ]:
-        assert main([str(classifier_dir), "--out", str(tmp_path / "b"), *flags]) == 2, flags
-        assert says in capsys.readouterr().err, flags
-        assert not (tmp_path / "b").exists()
+    # Refused with the options, before the model loads (as --int8 with --precision fp32).
+    with pytest.raises(SystemExit) as refused:
+        main([str(classifier_dir), "--out", str(tmp_path / "b"), "--eval-data", dev, "--precision", "fp32"])
+    assert refused.value.code == 2 and "it is read by the int8 accuracy check" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_replayed_files_eval_data_is_left_out_of_an_fp32_export(tmp_path, classifier_dir, capsys):
+    """A classifier's int8 export_config.json replayed with --precision fp32 (as the note on --precision
+    says to) was refused for the --eval-data it holds, "drop --eval-data", which only an edit of the file
+    could do. Typed, it is still refused; from the file, a note says it is left out, and the bundle's own
+    export_config.json holds no --eval-data it did not read."""
+    from export.__main__ import main
+
+    dev = _dev_csv(tmp_path / "dev.csv")
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(f'eval_data = "{dev}"\ntext_column = "text"\n')
+    assert (
+        main(
+            [
+                str(classifier_dir),
+                "--config",
+                str(recipe),
+                "--out",
+                str(tmp_path / "b"),
+                "--precision",
+                "fp32",
+            ]
+        )
+        == 0
+    )
+    said = capsys.readouterr()
+    assert (
+        "sets eval_data" in said.out + said.err and "which this export does not read" in said.out + said.err
+    )
+    replayed = json.loads((tmp_path / "b" / "export_config.json").read_text())
+    assert (
+        replayed["eval_data"] is None and replayed["text_column"] is None and replayed["precision"] == "fp32"
+    )
 
 
 def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_dir):
