@@ -914,37 +914,22 @@ def test_options_the_model_does_not_allow_are_refused_as_inputs_to_change(
 
 
 def test_a_replayed_files_eval_data_is_left_out_of_an_fp32_export(tmp_path, classifier_dir, capsys):
-    """A classifier's int8 export_config.json replayed with --precision fp32 (as the note on --precision
-    says to) was refused for the --eval-data it holds, "drop --eval-data", which only an edit of the file
-    could do. Typed, it is still refused; from the file, a note says it is left out, and the bundle's own
-    export_config.json holds no --eval-data it did not read."""
+    """A classifier's int8 export_config.json replayed with --precision fp32 was refused for the --eval-data
+    it holds, "drop --eval-data", which only an edit of the file could do. Typed, it is still refused; from
+    the file, a note says it is left out, and the new bundle's export_config.json holds no --eval-data it
+    did not read."""
     from export.__main__ import main
 
     dev = _dev_csv(tmp_path / "dev.csv")
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(f'eval_data = "{dev}"\ntext_column = "text"\n')
-    assert (
-        main(
-            [
-                str(classifier_dir),
-                "--config",
-                str(recipe),
-                "--out",
-                str(tmp_path / "b"),
-                "--precision",
-                "fp32",
-            ]
-        )
-        == 0
-    )
+    argv = [str(classifier_dir), "--config", str(recipe), "--out", str(tmp_path / "b"), "--precision", "fp32"]
+    assert main(argv) == 0
     said = capsys.readouterr()
-    assert (
-        "sets eval_data" in said.out + said.err and "which this export does not read" in said.out + said.err
-    )
+    said = said.out + said.err
+    assert "sets eval_data" in said and "which this export does not read" in said, said
     replayed = json.loads((tmp_path / "b" / "export_config.json").read_text())
-    assert (
-        replayed["eval_data"] is None and replayed["text_column"] is None and replayed["precision"] == "fp32"
-    )
+    assert (replayed["eval_data"], replayed["text_column"], replayed["precision"]) == (None, None, "fp32")
 
 
 def test_max_length_defaults_to_the_positions_training_used(tmp_path, detector_dir):
