@@ -50,9 +50,16 @@ def serving(cwd: Path, *args: str, env: dict | None = None, timeout: float = 600
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        log.close()
         raise
     os.killpg(proc.pid, signal.SIGTERM)  # the script exec'd the server: the group is the server
-    assert proc.wait(timeout=60) == 0, (cwd / log.name).read_text()[-3000:]
+    try:
+        assert proc.wait(timeout=60) == 0, (cwd / log.name).read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # a server that did not stop in time
+        proc.wait()
+        log.close()
 
 
 def served(url: str) -> list[str]:
@@ -86,5 +93,5 @@ def test_scripts_serve_from_another_directory_then_again_offline(tmp_path):
     offline = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PIP_NO_INDEX": "1",
                "PIP_INDEX_URL": "http://127.0.0.1:9/simple"}  # fmt: skip
     with serving(caller, env=offline, timeout=120) as url:
-        assert served(url) == ["detector", "sentiment"]
+        assert {"detector", "sentiment"} <= set(served(url))  # the shipped ones, and any a developer added
     assert stamp.stat().st_mtime_ns == installed
