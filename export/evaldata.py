@@ -200,6 +200,11 @@ def read_labelled(
 
     cols = eval_columns(ckpt, cfg)
     wanted = cols.read
+    if len(set(wanted)) < len(wanted):  # --text-pair-column label fed the labels in as the second texts
+        roles = {"text": cols.text, "second text": cols.pair, "label": cols.label}
+        said = ", ".join(f"{role} {name!r}" for role, name in roles.items() if name)
+        raise EvalDataError(f"{flag}: one column in two roles ({said}): --text-column, --text-pair-column "
+                            "and --label-column name distinct columns")  # fmt: skip
     try:
         read = read_rows(str(path), flag, wanted)
     except DataError as e:

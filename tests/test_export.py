@@ -840,6 +840,11 @@ def test_eval_data_of_pairs_is_read_with_the_models_columns_or_those_named(tmp_p
     named = ExportConfig(checkpoint=str(ckpt), out=str(tmp_path / "b"), eval_data=str(tmp_path / "other.csv"),
                          text_column="a", text_pair_column="b", label_column="y")  # fmt: skip
     assert read_labelled(tmp_path / "other.csv", ckpt, named) == [(("is it", "yes it is"), "same")]
+    # The label column named as the second text too: the labels were read in as the pairs' second texts.
+    twice = ExportConfig(checkpoint=str(ckpt), out=str(tmp_path / "b"), eval_data=str(tmp_path / "other.csv"),
+                         text_column="a", text_pair_column="y", label_column="y")  # fmt: skip
+    with pytest.raises(EvalDataError, match="one column in two roles .text 'a', second text 'y', label 'y'."):
+        read_labelled(tmp_path / "other.csv", ckpt, twice)
     with pytest.raises(ValueError, match="--text-pair-column: name columns of --eval-data"):
         ExportConfig(checkpoint=str(ckpt), out=str(tmp_path / "b"), text_pair_column="b")
 
