@@ -290,7 +290,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
                           f"{mcfg.type_vocab_size}, so it has no token type for a pair's second text and takes "
                           "no pairs: name --eval-data's text and label columns only")  # fmt: skip
     ptype = problem_type(mcfg) if kind == "classifier" else None
-    # recorded in export_config.json as if read
+    # A multi-label model's int8 check reads no labelled rows: recorded in export_config.json, it would read as used.
     if cfg.eval_data and "eval_data" not in skipped and ptype == "multi_label_classification":
         raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
                           "of --eval-data has one label, and the model answers yes or no for each): it measures "
