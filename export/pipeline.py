@@ -47,6 +47,7 @@ class _Source:
     quantization_aware: bool = False  # trained with --qat: int8 compute is held to its int8-simulated forward
     shown: Path | None = None  # the checkpoint as the manifest names it, where `ckpt` is its pinned copy
     warnings: tuple[str, ...] = ()  # said while loading, for the manifest's warnings (/models shows them)
+    eval_rows: list | None = None  # --eval-data's (input, label) rows, read and checked while loading
 
 
 @dataclass
@@ -295,10 +296,12 @@ def _load(cfg: ExportConfig, log) -> _Source:
         raise ConfigError("--eval-data: a multi-label classifier's int8 check does not read labelled rows (a row "
                           "of --eval-data has one label, and the model answers yes or no for each): it measures "
                           "how often int8 and fp32 disagree on held-out text (--eval-text); drop --eval-data")  # fmt: skip
+    eval_rows = None
     if cfg.eval_data and "eval_data" not in skipped:
-        # Read now, as the int8 check will: a file with other columns or labels than the model's was refused
+        # Read here, for the int8 steps: a file with other columns or labels than the model's was refused
         # only after the fp32 export and its parity check had taken their time.
-        evaldata.label_ids(evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg), mcfg.id2label, ptype)
+        eval_rows = evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg)
+        evaldata.label_ids(eval_rows, mcfg.id2label, ptype)
     from training.quantization import trained_quantization_aware
 
     # Not merely ranges in config.json: a checkpoint recovered from an int8-compute bundle of a model trained
@@ -306,7 +309,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
     quantization_aware = trained_quantization_aware(mcfg.quantization)
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
-                   quantization_aware, warnings=tuple(warnings))  # fmt: skip
+                   quantization_aware, warnings=tuple(warnings), eval_rows=eval_rows)  # fmt: skip
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:

@@ -198,15 +198,15 @@ def _calibration_inputs(src, eval_data_first: bool) -> tuple[list, str]:
     pairs = classifier and evaldata.takes_pairs(src.ckpt, cfg)
 
     def given() -> tuple[list, str]:
-        return [x for x, _ in evaldata.read_labelled(Path(cfg.eval_data), src.ckpt, cfg)], cfg.eval_data
+        return [x for x, _ in src.eval_rows], cfg.eval_data
 
-    if classifier and eval_data_first and cfg.eval_data and not cfg.eval_text:  # no corpus needed
+    if classifier and eval_data_first and src.eval_rows is not None and not cfg.eval_text:  # no corpus needed
         return given()
     if classifier and (task := evaldata.registry_dev_rows(src.ckpt, cfg.data_dir, "train")):
         return [x for x, _ in task[0]], task[1]
     if pairs and (own := evaldata.run_train_inputs(src.ckpt)):
         return own
-    if pairs and cfg.eval_data:
+    if pairs and src.eval_rows is not None:
         return given()
     lines, where = evaldata.held_out_text(optional_path(cfg.eval_text), cfg.data_dir)
     return (evaldata.as_pairs(lines), f"{where}, each two texts a pair") if pairs else (lines, where)
@@ -225,8 +225,8 @@ def _int8_accuracy(src, sess32, sess8, inputs: list[str], tmp: Path) -> dict:
     seq_len = min(src.max_length, 128)
     if kind == "classifier":
         rows, where = None, None
-        if cfg.eval_data:
-            rows, where = evaldata.read_labelled(Path(cfg.eval_data), ckpt, cfg), cfg.eval_data
+        if src.eval_rows is not None:
+            rows, where = src.eval_rows, cfg.eval_data
         elif found := evaldata.registry_dev_rows(ckpt, data_dir) or evaldata.run_dev_rows(ckpt):
             rows, where = found
         if rows is not None and ptype != "multi_label_classification":

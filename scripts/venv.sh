@@ -20,32 +20,36 @@ venv_python_version() { # "3.11", or nothing where $1 does not run
 venv_ready() {
     local name=$1 install=$2
     shift 2
-    local python=${PYTHON:-python3} why="" wanted=""
-    # The Python to make a venv with is asked only where it matters: a working .venv made by another
-    # Python than the python3 on PATH is kept.
-    if [ -n "${PYTHON:-}" ] || [ ! -e .venv ] || ! .venv/bin/python -m pip --version > /dev/null 2>&1; then
+    local python=${PYTHON:-python3} why="" have="" wanted=""
+    if [ ! -e .venv ]; then
+        why="new"
+    elif ! .venv/bin/python -m pip --version > /dev/null 2>&1; then
+        why="it cannot run pip (made or upgraded only in part, or its Python is gone)"
+    else
+        have=$(venv_python_version .venv/bin/python)
+    fi
+    # The Python to make a venv with is asked only where one is made or PYTHON names one: a working .venv
+    # made by another Python than the python3 on PATH is kept.
+    if [ -n "$why" ] || [ -n "${PYTHON:-}" ]; then
         wanted=$(venv_python_version "$python")
         if [ -z "$wanted" ]; then
             echo "$0: $python does not run: install Python 3.11 or later, or name one with PYTHON=" >&2
             exit 2
         fi
     fi
-    if [ ! -e .venv ]; then
-        why="new"
-    elif ! .venv/bin/python -m pip --version > /dev/null 2>&1; then
-        why="it cannot run pip (made or upgraded only in part, or its Python is gone)"
-    elif [ -n "${PYTHON:-}" ] && [ "$(venv_python_version .venv/bin/python)" != "$wanted" ]; then
-        why="it is Python $(venv_python_version .venv/bin/python), and PYTHON=$PYTHON is $wanted"
+    if [ -z "$why" ] && [ -n "${PYTHON:-}" ] && [ "$have" != "$wanted" ]; then
+        why="it is Python $have, and PYTHON=$PYTHON is $wanted"
     fi
     if [ -n "$why" ]; then
         [ "$why" = "new" ] || echo "$0: making .venv again: $why" >&2
         "$python" -m venv --clear .venv
+        have=$wanted
     fi
     local stamp=.venv/.installed-$name digest
     digest=$(
         {
             declare -f "$install"
-            printf '%s\n' "$@" "$(venv_python_version .venv/bin/python)"
+            printf '%s\n' "$@" "$have"
             cat pyproject.toml requirements/serve.txt
             ls -d ./*/__init__.py 2> /dev/null || true
         } | sha256sum | cut -d' ' -f1
