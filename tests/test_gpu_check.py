@@ -641,6 +641,21 @@ def test_a_claim_refusal_names_the_gpu_check_option_to_change(tmp_path):
     assert claim_refuses(ctx) == "the claim's --finetune-args: --batch-size: must be positive, got 0"
 
 
+def test_a_claim_budget_under_one_unit_of_steps_is_refused_before_any_step(tmp_path):
+    """--claim-pflop 1e-4 on ELECTRA-Small's shape (4 steps of 16k tokens are about 0.0046 PFLOP) was
+    refused by the claim as it started, after the cheap proofs' minutes."""
+
+    def refused(pflop: float) -> str | None:
+        return claim_refuses(
+            Context("cuda", SIZES["full"], tmp_path, tmp_path, real_data_dir(), {}, {}, pflop)
+        )
+
+    said = refused(1e-4)
+    assert said.startswith("--claim-pflop: 0.0001 is less than one unit") and "points 0.25,0.5,1" in said
+    least = float(said.rsplit(" ", 1)[-1])
+    assert 0.004 < least < 0.005 and refused(least * 1.01) is None
+
+
 @pytest.mark.parametrize(
     ("option", "value", "said"),
     [

@@ -10,7 +10,7 @@ import json
 from benchmarks.cli import UsageError
 from benchmarks.gpucheck.context import Context, run
 from benchmarks.quality.claim_report import OBJECTIVES
-from benchmarks.quality.claim_runs import objective_config
+from benchmarks.quality.claim_runs import costs, objective_config, plan
 from benchmarks.quality.electra_vs_mlm import base_config as claim_config
 from benchmarks.quality.electra_vs_mlm import check_finetune_args
 from benchmarks.quality.electra_vs_mlm import parse_args as claim_args
@@ -55,6 +55,10 @@ def claim_refuses(ctx: Context) -> str | None:
         for objective in OBJECTIVES:  # --qat, say, suits ELECTRA's run and not the MLM baseline's
             objective_config(base, objective, args.mlm_masking)
         check_finetune_args(args, base)
+        if not args.skip_pretrain and args.minutes is None:
+            too_small = budget_too_small(args, base)
+            if too_small:
+                return too_small
     except SystemExit:
         lines = said.getvalue().strip().splitlines() or ["refused"]
         # argparse's message, less its program name: "argument --seeds: ..." or "--seeds: ..."
@@ -68,6 +72,28 @@ def claim_refuses(ctx: Context) -> str | None:
     except UsageError as e:  # the fine-tuning runs' config (gpu-check's own sizes)
         return f"the claim's {e}"
     return None
+
+
+# No trained vocabulary is smaller than its special tokens ([PAD] [UNK] [CLS] [SEP] [MASK]). The claim plans
+# with its tokenizer's own size, known only once trained on the machine; a budget under one unit of steps at
+# this size is under it at any size.
+FEWEST_TOKENS = 5
+
+
+def budget_too_small(args, base) -> str | None:
+    """--claim-pflop under one unit of steps of either run, which the claim refuses only as it starts,
+    after the cheap proofs' minutes."""
+    budget = args.budget_pflop * 1e15
+    fewest = plan(budget, costs(base, FEWEST_TOKENS), base, args.warmup_fraction, args.points)
+    if max(s["flops"] for s in fewest.values()) <= budget * (1 + 1e-9):
+        return None
+    # plan() of no budget takes one unit: the least the claim runs, at the configured vocabulary
+    least = max(s["flops"] for s in plan(0, costs(base, base.vocab_size), base, 0, args.points).values())
+    points = ",".join(f"{float(p):g}" for p in args.points)
+    return (
+        f"--claim-pflop: {args.budget_pflop:g} is less than one unit of the claim's training steps (its "
+        f"points {points} each fall on a whole step); give at least about {least / 1e15:.3g}"
+    )
 
 
 def step_claim(ctx: Context) -> dict:
