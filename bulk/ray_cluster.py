@@ -280,6 +280,8 @@ def _check_reachable(address: str, shown: str, timeout_s: float = 10.0) -> None:
     with conn:
         head, closed = _first_frame(conn)
     if len(head) == 9 and head[3] == 4:  # a SETTINGS frame: gRPC
+        if _grpc_but_no_gcs(address):
+            raise JoinError(_not_the_head(shown))
         return
     # A TLS server closes on the hello, saying nothing (a silent one, not closing, is no head either).
     if not head and closed and _speaks_tls(target, timeout_s):
@@ -327,6 +329,37 @@ def _first_frame(conn: socket.socket) -> tuple[bytes, bool]:
     return head, False
 
 
+def _grpc_but_no_gcs(address: str) -> bool:
+    """Whether the gRPC server there answers a GCS call with UNIMPLEMENTED, as another port of a Ray node
+    does (a node manager's, a worker's): ray.init retried there for about 20 s before its error. Any other
+    answer (the head's, a refusal of the job's token) is ray.init's to meet."""
+    try:
+        from ray._raylet import GcsClient
+        from ray.exceptions import RpcError
+    except ImportError:  # another Ray's layout: ray.init finds it out, slowly
+        return False
+    saved = os.dup(2)  # Ray's C++ client logs the failed call to stderr; the job's message says it
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 2)
+        os.close(devnull)
+        GcsClient(address=address).internal_kv_get(b"electra-serve-probe", None, timeout=5)
+    except RpcError as e:
+        return getattr(e, "rpc_code", None) == 12  # gRPC's UNIMPLEMENTED
+    except Exception:  # noqa: BLE001 - a probe: whatever else went wrong, ray.init says it its own way
+        return False
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return False
+
+
+def _not_the_head(shown: str) -> str:
+    return (f"{shown} answers, but not as a Ray cluster's head (its GCS server): give the address `ray start "
+            "--head` printed (HOST:PORT, its --port, 6379 by default), not another port of a node (a node "
+            "manager's, a worker's)")  # fmt: skip
+
+
 def _join_failed(address: str, e: BaseException, shown: str | None = None) -> str:
     """What to do about a ray.init that failed. Ray 2.60 raises the same ConnectionError ("Failed to connect
     to Ray cluster at ...") whatever went wrong; the error it chains says which: an AuthenticationError
@@ -342,9 +375,7 @@ def _join_failed(address: str, e: BaseException, shown: str | None = None) -> st
         return msg + (": the cluster refused the job's token (RAY_AUTH_TOKEN, set here): it may not be this "
                       "cluster's; compare it with the head's (RAY_AUTH_TOKEN where `ray start --head` ran, else "
                       "~/.ray/auth_token on the head)")  # fmt: skip
-    return msg + (f": {address} answers, but not as a Ray cluster's head (its GCS server): give the address "
-                  "`ray start --head` printed (HOST:PORT, its --port, 6379 by default), not another port of a "
-                  f"node (a node manager's, a worker's). Ray said: {_last_line(e)}")  # fmt: skip
+    return f"{msg}: {_not_the_head(address)}. Ray said: {_last_line(e)}"
 
 
 def _chain(e: BaseException | None) -> list[str]:
