@@ -48,10 +48,13 @@ HEAD_TOO_LARGE = "electra.head_too_large"
 # graceful timeout, a second Ctrl-C): the client got that 503 (app/http/protocol.py), and the handler's
 # disconnect is counted as it.
 STOPPED_WHILE_RECEIVING = "electra.stopped_while_receiving"
-# Set on a request still being answered when its client took nothing of what was written to it for
-# --send-timeout-s and the connection was aborted (app/http/protocol.py): its answer never went out, and
-# it is counted as the client's abort (499 client_gone, app/http/server.py), whatever status it had chosen.
-SEND_TIMED_OUT = "electra.send_timed_out"
+# Set on a request still being answered when its connection was lost (app/http/protocol.py): the client
+# left or half-closed (uvicorn takes the end of what it sends for its leaving), or took nothing of what was
+# written to it for --send-timeout-s and was reset. Its answer never went out whole, and it is counted as
+# the client's abort (499 client_gone, app/http/server.py), whatever status it had chosen. Not set where the
+# protocol answered the request itself (the marks above: those are counted as what they answered).
+CONNECTION_LOST_UNANSWERED = "electra.connection_lost_unanswered"
+ANSWERED_BY_PROTOCOL = (READ_TIMED_OUT, BODY_UNPARSABLE, HEAD_TOO_LARGE, STOPPED_WHILE_RECEIVING)
 
 
 STATUS: dict[ErrorType, int] = {

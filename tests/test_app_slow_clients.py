@@ -542,6 +542,29 @@ def test_a_client_that_drops_mid_body_is_an_abort_not_a_500(server):
     assert "Traceback" not in log and " ERROR " not in log
 
 
+def test_a_pipelined_answer_after_its_client_half_closed_is_counted_as_an_abort_not_a_200(server):
+    """Two requests pipelined, then the client's end of sending (shutdown SHUT_WR). uvicorn takes that end
+    for the client's leaving, as nginx does: the first answer goes out, then the connection closes while the
+    second is being answered. That second answer, dropped, was counted a 200."""
+    count = lambda status: server.metric("electra_requests_total", endpoint="/detect", status=status)  # noqa: E731
+    before = {status: count(status) for status in ("200", "499")}
+    gone = server.metric("electra_rejected_requests_total", reason="client_gone")
+    body = json.dumps({"text": "sent, and then the sending side shut"}).encode()
+    request = (b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+               % len(body)) + body  # fmt: skip
+    got = b""
+    with _connect(server) as s:
+        s.sendall(request * 2)
+        s.shutdown(socket.SHUT_WR)
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.count(b"HTTP/1.1 200 OK") == 1
+    wait_for(lambda: count("499") >= before["499"] + 1, what="the dropped answer counted as an abort")
+    assert [count("200"), count("499")] == [before["200"] + 1, before["499"] + 1]
+    assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone + 1
+    assert "Exception in ASGI application" not in server.log()
+
+
 def test_connections_beyond_the_limit_are_refused_at_once(server):
     """--limit-concurrency N serves N connections, the one a request came on counted (the N-th was once
     refused too), and those N stay served however many more are opened."""

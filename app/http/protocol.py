@@ -59,10 +59,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app import request_context
 from app.errors import (
+    ANSWERED_BY_PROTOCOL,
     BODY_UNPARSABLE,
+    CONNECTION_LOST_UNANSWERED,
     HEAD_TOO_LARGE,
     READ_TIMED_OUT,
-    SEND_TIMED_OUT,
     STOPPED_WHILE_RECEIVING,
 )
 from app.http.connection_limit import OVER_LIMIT
@@ -301,6 +302,7 @@ class _BoundedRead(HttpToolsProtocol):
             if not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
+                unanswered(cycle.scope)  # what it sends from now on is dropped (uvicorn)
         # The pipelined requests whose turn never came are not run, nor counted: run, thousands queued by one
         # read of small GETs (256 KiB) ran at once when their client left and held the event loop for 20 s;
         # and a connection the server closed (a 503 past --limit-concurrency, a drain) had them counted as
@@ -375,9 +377,6 @@ class _BoundedRead(HttpToolsProtocol):
         (connection_lost) and counted as the abort it is (499 client_gone, app/http/server.py); an answer
         written whole before was counted as what it was when it was."""
         self._send_deadline = None
-        for cycle in self._cycles:
-            if not cycle.response_complete:
-                cycle.scope[SEND_TIMED_OUT] = True
         sock = self.transport.get_extra_info("socket")
         if sock is not None:  # a reset: else the kernel keeps what it holds (MBs) and probes the client
             with contextlib.suppress(OSError):
@@ -546,6 +545,15 @@ class _BoundedRead(HttpToolsProtocol):
                           linger=True, seconds=self.read_timeout_s)  # fmt: skip
 
 
+def unanswered(scope) -> None:
+    """A request whose answer will not go out whole (its connection lost or closing): counted as the
+    client's abort (app/http/server.py), unless the protocol answered it itself. A pipelined request
+    started after its client half-closed (uvicorn then closes) wrote into the closing connection, and
+    was counted a 200 it never got."""
+    if not any(mark in scope for mark in ANSWERED_BY_PROTOCOL):
+        scope[CONNECTION_LOST_UNANSWERED] = True
+
+
 class _HeadWithBody:
     """One request's view of the connection: the response head is held back and written together with
     the body's first bytes. uvicorn writes them separately: two sends, and on loopback two wake-ups of
@@ -564,6 +572,7 @@ class _HeadWithBody:
         if self._transport.is_closing():
             # Its client gone (or a 408 written and the connection closing): nobody reads it, and uvloop
             # raises on a write to a closed transport, which the handler would report as its own failure.
+            unanswered(self._cycle.scope)
             return
         if self._cycle.response_started and not self._head_seen:
             self._head_seen = True  # the cycle writes the head first, once

@@ -15,7 +15,7 @@ from litestar.openapi import OpenAPIConfig
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import __version__, request_context
-from app.errors import SEND_TIMED_OUT, AppError, ErrorType
+from app.errors import CONNECTION_LOST_UNANSWERED, AppError, ErrorType
 from app.http import ui
 from app.http.apidocs import OfflineDocs
 from app.http.auth import DOCS, require_api_key
@@ -188,9 +188,9 @@ def _observe(metrics: Metrics, access_log: bool = False, vary_origin: bool = Fal
                 await app(scope, receive, send_status)
             finally:
                 request_context.request_id.reset(context)
-                if scope.get(SEND_TIMED_OUT) and status != 499:
-                    # Its client stopped reading and the connection was aborted (--send-timeout-s,
-                    # app/http/protocol.py) before this answer went out: an abort, not the status chosen.
+                if scope.get(CONNECTION_LOST_UNANSWERED) and status != 499:
+                    # Its connection was lost before this answer went out (the client left or half-closed,
+                    # or stopped reading: --send-timeout-s): an abort, not the status chosen.
                     status = 499
                     metrics.rejected.labels(reason=ErrorType.CLIENT_GONE.value).inc()
                 labels = (scope.get("path_template") or "other", scope["state"].get("model", ""), str(status))
