@@ -25,6 +25,13 @@ BACKLOG_S = 1.0  # the longest the port stays open at a drain, accepting what wa
 FORCED_WAIT_S = 2.0  # at a second Ctrl-C: the longest it waits for the schedulers, then for the answers
 
 
+def _force_quit_cause(first: signal.Signals | None) -> str:
+    """What a stop at once says of its cause: an operator who sent SIGTERM, then SIGINT, pressed no Ctrl-C."""
+    if first is None:  # stopping of its own accord (no model could be served)
+        return "SIGINT while stopping"
+    return "Ctrl-C twice" if first == signal.SIGINT else f"SIGINT after {first.name}"
+
+
 class _DrainingServer(uvicorn.Server):
     """On SIGTERM/SIGINT/SIGHUP, leave the balancer's rotation first (--drain-delay-s: /ready 503, still
     serving), then refuse new work (503) before uvicorn stops listening and waits for the requests in
@@ -35,12 +42,14 @@ class _DrainingServer(uvicorn.Server):
         self._registry = registry
         self._drain_delay_s = drain_delay_s
         self._leaving = False
+        self._first_signal: signal.Signals | None = None
 
     def handle_exit(self, sig, frame) -> None:
         if self.should_exit and sig == signal.SIGINT:  # uvicorn's force quit: no waiting, no lifespan end
-            self._registry.quit_now()
+            self._registry.quit_now(_force_quit_cause(self._first_signal))
             super().handle_exit(sig, frame)
             return
+        self._first_signal = self._first_signal or signal.Signals(sig)
         # Only a server a balancer may be sending to waits out the delay: while the models load (or after
         # none could), /ready has answered 503 all along, and the delay would only hold a stop back.
         in_rotation = self.started and self._registry.state == "ready"

@@ -308,18 +308,25 @@ def test_sigterm_past_the_graceful_timeout_answers_json_503_and_exits_1(bundles_
     assert "Traceback" not in s.log()
 
 
-def test_ctrl_c_twice_answers_the_queued_requests_json_503_and_exits_1(bundles_dir, tmp_path):
-    """uvicorn's force quit (a second Ctrl-C once the drain began) waits for nothing and skips the shutdown
-    that closes the schedulers: the queued requests were cancelled into plain-text 500s, with a traceback
-    each, and the process exited 0."""
+@pytest.mark.parametrize(
+    ("first", "cause"), [(signal.SIGINT, "Ctrl-C twice"), (signal.SIGTERM, "SIGINT after SIGTERM")],
+    ids=["ctrl-c twice", "sigint after sigterm"],
+)  # fmt: skip
+def test_sigint_once_the_drain_began_answers_the_queued_requests_json_503_and_exits_1(
+    bundles_dir, tmp_path, first, cause
+):
+    """uvicorn's force quit (SIGINT once the drain began) waits for nothing and skips the shutdown that
+    closes the schedulers: the queued requests were cancelled into plain-text 500s, with a traceback each,
+    and the process exited 0. After SIGTERM, the 503s and the log once said "Ctrl-C twice"."""
     flags = ("--queue-size", "64", "--max-wait-ms", "20000", "--graceful-timeout-s", "0")
     with run_server(bundles_dir, *flags, log_dir=tmp_path) as s:
-        answers = _queued_then_signalled(s, 3, signal.SIGINT, signal.SIGINT)
+        answers = _queued_then_signalled(s, 3, first, signal.SIGINT)
         for r in answers:
             assert r.status_code == 503 and r.headers["content-type"].startswith("application/json"), r.text
-            assert "Ctrl-C twice" in r.json()["error"]["message"] and r.headers.get("retry-after") == "5"
+            assert f"quit at once ({cause})" in r.json()["error"]["message"]
+            assert r.headers.get("retry-after") == "5"
         assert s.proc.wait(timeout=60) == 1, s.log()
-    assert "Traceback" not in s.log() and "Ctrl-C twice: 3 request(s) answered 503 unscored" in s.log()
+    assert "Traceback" not in s.log() and f"{cause}: 3 request(s) answered 503 unscored" in s.log()
 
 
 @pytest.mark.parametrize(

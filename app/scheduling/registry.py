@@ -265,13 +265,13 @@ class Registry:
         self._stop_now(f"server shut down: --graceful-timeout-s {self.settings.graceful_timeout_s} passed first",
                        "graceful timeout")  # fmt: skip
 
-    def quit_now(self) -> None:
-        """A second Ctrl-C, uvicorn's force quit (safe from a signal handler): it waits for no request and
-        skips the shutdown that closes the schedulers, so queued requests were cancelled into uvicorn's
-        plain-text 500 and the exit was 0. They are answered the JSON 503 of a stop instead, at once."""
+    def quit_now(self, why: str) -> None:
+        """A SIGINT once the drain began (a second Ctrl-C, or one after SIGTERM: `why` says which),
+        uvicorn's force quit (safe from a signal handler): it waits for no request and skips the shutdown
+        that closes the schedulers, so queued requests were cancelled into uvicorn's plain-text 500 and the
+        exit was 0. They are answered the JSON 503 of a stop instead, at once."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._stop_now, "server shut down: quit at once (Ctrl-C twice)",
-                                            "Ctrl-C twice")  # fmt: skip
+            self._loop.call_soon_threadsafe(self._stop_now, f"server shut down: quit at once ({why})", why)
 
     def _stop_now(self, msg: str, why: str) -> None:
         self.lifecycle.stop(msg)
