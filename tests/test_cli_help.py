@@ -286,6 +286,9 @@ def test_an_out_that_decides_the_refusal_alone_answers_before_torch_loads(tmp_pa
         ("training.pretrain", [*new, "--out", str(pretraining)], "already holds a run; pass --resume"),
         ("training.pretrain", ["--out", str(tmp_path / "nowhere"), "--resume"], "does not exist; give the --out"),
         ("training.pretrain", ["--out", str(empty), "--resume"], "has no checkpoint yet; drop --resume"),
+        # Not "drop --resume": a new run there is refused for those files.
+        ("training.pretrain", ["--out", str(corpus), "--resume"], "holds a.txt, not a pretraining run's files; give the --out of the run"),
+        ("training.pretrain", ["--out", str(corpus / "a.txt"), "--resume"], "a.txt is a file; give the --out of the run"),
         ("training.pretrain", ["--corpus", str(corpus), "--out", str(corpus / "run")], "inside the corpus directory"),
         ("training.pretrain", [*new, "--out", str(corpus)], "holds a.txt, not a pretraining run's files"),
         ("training.finetune", [*start, "--out", str(stopped)], "its run was stopped: pass --resume"),

@@ -161,6 +161,11 @@ def check_run_point(out: Path, resume: bool) -> None:
             # torchrun, which raced to write it and each read the run's settings before it was back.
             _restore_latest(out, kept, alone=os.environ.get("WORLD_SIZE", "1") == "1")
             return
+        if not out.is_dir():
+            raise ConfigError(f"--resume: {out} is a file; give the --out of the run to go on")
+        if shown := _not_a_run(out):  # a new run there is refused too: dropping --resume would not help
+            raise ConfigError(f"--resume: {out} holds {shown}, not a pretraining run's files; give the --out of the "
+                              "run to go on")  # fmt: skip
         raise ConfigError(f"--resume: {out} has no checkpoint yet; drop --resume to start a new run")
     if not resume and has_checkpoint:
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
@@ -202,15 +207,22 @@ def check_new_pretraining_out(out: Path) -> None:
     a bundle, a user's files) would have its config.json replaced and checkpoints written among its files."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; give a directory")
+    if shown := _not_a_run(out):
+        raise ConfigError(f"--out: {out} holds {shown}, not a pretraining run's files: a run would replace its "
+                          "config.json and write among them; give a new or empty directory")  # fmt: skip
+
+
+def _not_a_run(out: Path) -> str:
+    """What directory `out` holds, shown, where that is not only what a run of ours writes; "" where it is
+    (or `out` is no directory)."""
     if not out.is_dir():
-        return
+        return ""
     entries = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))
     config = out / "config.json"
     foreign = [e for e in entries if e not in RUN_ENTRIES]
     if foreign or (config.exists() and pretraining_config(config) is None):
-        shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
-        raise ConfigError(f"--out: {out} holds {shown}, not a pretraining run's files: a run would replace its "
-                          "config.json and write among them; give a new or empty directory")  # fmt: skip
+        return ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    return ""
 
 
 def check_out_outside_corpus(out: Path, corpus: str) -> None:
