@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import options
@@ -33,6 +32,7 @@ from training.errors import (
     CheckpointError,
     DiskFullError,
     check_replaceable,
+    check_writable_beside,
     refuse_holding_cwd,
     refuse_inside_checkpoints,
 )
@@ -66,7 +66,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         raise _in_use(out, pid)
     # A bundle is often a shipped, tracked directory (models/detector): never write over one unasked.
     _check_replaceable(out, "--out", cfg, BUNDLE_FILES, MANIFEST, "bundle")
-    _check_writable(out, "--out", "bundle")
+    check_writable_beside(out, "--out", "where the bundle is built")
     if cfg.triton == "":
         cfg.triton = cfg.out + "-triton"
     if cfg.triton:  # checked now: found at its write, the bundle would be written and the repository not
@@ -82,7 +82,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
             raise options.ConfigError(f"--triton {repo} and --out {out} overlap (the model directory would be "
                                       f"{model_dir}): each is replaced whole; choose a --triton apart from --out")  # fmt: skip
         _check_replaceable(model_dir, "--triton", cfg, TRITON_FILES, TRITON_CONFIG, "Triton model directory")
-        _check_writable(model_dir, "--triton", "Triton model directory", shown=repo)
+        check_writable_beside(model_dir, "--triton", "where the Triton model directory is built", shown=repo)
     return cfg
 
 
@@ -119,23 +119,6 @@ def _release(out: Path, created: list[Path]) -> None:
             d.rmdir()
         except OSError:  # it holds the bundle, or something else put there meanwhile
             break
-
-
-def _check_writable(target: Path, flag: str, what: str, shown: Path | None = None) -> None:
-    """`target` is filled in a new directory beside it (write_atomically), its missing parents made first:
-    the nearest directory of those that exists must take one. Tried, not asked of os.access: root passes
-    that everywhere, yet /proc takes nothing, and `--out /proc/x` failed after the model's load, naming
-    the hidden scratch directory. The trial directory is named as write_atomically's are (pid first), so
-    one left by a kill here goes at the next write."""
-    real = Path(os.path.realpath(target))  # a link's directory is built beside the one it points to
-    there = real.parent
-    while not there.exists() and there != there.parent:
-        there = there.parent
-    try:
-        Path(tempfile.mkdtemp(prefix=f".{real.name}.pid{os.getpid()}.write-check-", dir=there)).rmdir()
-    except OSError as e:
-        raise options.ConfigError(f"{flag} {shown or target}: cannot write in {there} ({e.strerror or e}), where the "
-                                  f"{what} is built: choose a {flag} you can write to") from None  # fmt: skip
 
 
 def _overlap(a: Path, b: Path) -> bool:

@@ -88,6 +88,32 @@ def test_a_loss_no_longer_finite_ends_the_run_without_a_model(tiny_init, tmp_pat
 
 
 @pytest.mark.parametrize(
+    ("sealed", "where"),
+    [("parent", "where the fine-tuned model is built"), ("out", "where the run writes its progress")],
+)
+def test_an_out_it_cannot_write_in_or_beside_is_refused_before_any_training(
+    tiny_init, tmp_path, sealed, where
+):
+    """The final model is built in a directory beside --out: with only --out writable, the whole run trained,
+    then failed writing it. And a read-only --out on a small disk was said to be full, not read-only."""
+    from tests.unprivileged import CAPS
+
+    data, out = write_csv(tmp_path / "r.csv", 60), tmp_path / "parent" / "out"
+    out.mkdir(parents=True)
+    read_only = out.parent if sealed == "parent" else out
+    read_only.chmod(0o555)
+    prefix = ("setpriv", f"--inh-caps={CAPS}", f"--bounding-set={CAPS}") if os.geteuid() == 0 else ()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    try:
+        refused_by(finetune, "training.finetune", args_for(tiny_init, data, out), (
+            f"--out {out}: cannot write in {read_only} (Permission denied), {where}: choose a --out you can write to",
+        ), prefix, env)  # fmt: skip
+    finally:
+        read_only.chmod(0o755)
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(
     "damage",
     [
         lambda out: (out / "resume" / "rng.safetensors").unlink(),

@@ -16,6 +16,7 @@ import re
 import secrets
 import shlex
 import shutil
+import tempfile
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -132,6 +133,26 @@ def remove_orphans(directory: Path, prefix: str, idle_s: float = 0.0) -> None:
         else:
             with contextlib.suppress(OSError):
                 tmp.unlink()
+
+
+def check_writable_beside(target: Path, flag: str, where: str, shown: Path | None = None) -> None:
+    """ConfigError unless a directory can be made beside `target` (`where` says what it is for: "where the
+    bundle is built"): `target` is filled in a new directory beside it (write_atomically), its missing
+    parents made first, so the nearest directory of those that exists must take one. Tried, not asked of
+    os.access: root passes that everywhere, yet /proc takes nothing, and `--out /proc/x` failed after the
+    model's load, naming the hidden scratch directory. The trial directory is named as write_atomically's
+    are (pid first), so one left by a kill here goes at the next write."""
+    real = Path(os.path.realpath(target))  # a link's directory is built beside the one it points to
+    there = real.parent
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():  # a file in the way: the caller's refusal of a file in the path names it
+        return
+    try:
+        Path(tempfile.mkdtemp(prefix=f".{real.name}.pid{os.getpid()}.write-check-", dir=there)).rmdir()
+    except OSError as e:
+        raise ConfigError(f"{flag} {shown or target}: cannot write in {there} ({e.strerror or e}), {where}: "
+                          f"choose a {flag} you can write to") from None  # fmt: skip
 
 
 def refuse_mount_point(target: Path, label: str = "") -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from options import ConfigError
 from training.data.tokenizer_saving import TOKENIZER_FILES
-from training.errors import CheckpointError, refuse_mount_point
+from training.errors import CheckpointError, check_writable_beside, refuse_mount_point
 from training.run_dir import LATEST
 
 RESUME_DIR = "resume"  # a stopped run's state (resume.py)
@@ -30,6 +30,10 @@ def check_out(out: Path, overwrite: bool, resuming: bool = False) -> list[str]:
     ConfigError where it cannot be one."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {out} is a file; choose a directory")
+    # Before the mount point's refusal ("give a new directory inside it": not on a read-only disk) and the
+    # room for the model (a small read-only disk was said to be full).
+    check_writable_beside(out / PROGRESS[0], "--out", "where the run writes its progress", shown=out)
+    check_writable_beside(out, "--out", "where the fine-tuned model is built")
     try:  # found at the final write instead, it would cost the whole training
         refuse_mount_point(out)
     except CheckpointError as e:
