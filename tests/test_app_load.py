@@ -177,6 +177,41 @@ def test_connections_waiting_on_the_port_at_sigterm_are_answered_not_reset(bundl
     assert "Traceback" not in s.log()
 
 
+def test_a_request_on_an_idle_keep_alive_connection_as_the_drain_closes_the_port_is_answered(
+    bundles_dir, tmp_path
+):
+    """The drain closed each idle keep-alive connection as it closed the port: a request its client sent
+    just then found it closed, unanswered (7 to 10 a SIGTERM with 32 clients sending back to back). Kept
+    open a moment longer, such a connection answers it: new work, the 503 of a drain, and then it closes."""
+    import http.client
+
+    body = json.dumps({"text": "asked again on the same connection"})
+    headers = {"content-type": "application/json"}
+    with run_server(bundles_dir, log_dir=tmp_path) as s:
+        host, port = s.address()
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        conn.request("POST", "/detect", body, headers)
+        first = conn.getresponse()
+        assert first.status == 200 and first.read()  # the connection is idle, kept alive
+
+        def port_closed() -> bool:
+            try:
+                socket.create_connection((host, port), timeout=2).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(port_closed, what="the drain to close the port")  # and, until now, every idle connection
+        conn.request("POST", "/detect", body, headers)
+        answer = conn.getresponse()
+        assert answer.status == 503 and answer.getheader("connection") == "close", answer.getheaders()
+        assert answer.getheader("retry-after") and json.loads(answer.read())["error"]["type"] == "unavailable"
+        conn.close()
+        assert s.proc.wait(timeout=60) == 0, s.log()
+    assert "Traceback" not in s.log()
+
+
 def test_a_request_still_uploading_when_sigterm_arrives_is_served(bundles_dir, tmp_path):
     """A request counted as new only once its whole body was in: one uploading when SIGTERM came (or when
     --drain-delay-s ended) got 503 "server is shutting down", though it had begun in time. Its head came

@@ -7,6 +7,7 @@
    failed request; a SIGTERM to it stops the server it started.
 3. bulk_aging runs its workload against a server per order (strict, then aged) and writes each order's
    figures, the aged-batch counter from /metrics among them, and the ratios to the strict order.
+4. drain_direct SIGTERMs a server its keep-alive clients are sending to and counts what each request got.
 """
 
 from __future__ import annotations
@@ -356,3 +357,20 @@ def test_bulk_aging_runs_both_orders_and_reads_the_aged_counter(
     assert strict["aged_bulk_batches"] == 0  # 0: bulk work never goes first
     assert set(data["ratios"]) == {"default"} and "interactive_p99_s" in data["ratios"]["default"]
     assert (tmp_path / "smoke.md").read_text().startswith("## Bulk aging")
+
+
+@pytest.mark.slow
+def test_drain_direct_counts_every_request_as_what_its_client_saw(bundles_dir: Path, tmp_path: Path):
+    """One round of four clients on the tiny bundles: not a measurement, the fields the docs cite."""
+    if importlib.util.find_spec("psutil") is None:  # load_reports.machine()
+        pytest.skip("psutil is not installed (pip install -e .[bench])")
+    cmd = [sys.executable, "-m", "benchmarks.load.drain_direct", "--models", str(bundles_dir), "--rounds", "1",
+           "--clients", "4", "--seconds", "1", "--work", str(tmp_path / "work"), "--results", str(tmp_path),
+           "--name", "smoke"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "drain_direct configuration: " in proc.stdout
+    (only,) = json.loads((tmp_path / "smoke.json").read_text())["rounds"]
+    assert only["exit_code"] == 0 and only["answered_200"] > 0 and only["other"] == 0, only
+    assert only["closed_unanswered"] == len(only["unanswered_sent_after_signal_s"])
+    assert "| closed unanswered |" in (tmp_path / "smoke.md").read_text()

@@ -78,6 +78,10 @@ from app.scheduling.server_load import ServerLoad
 # (urllib) then reports the reset, not the 413. Bounded, so a client cannot hold the connection with it.
 LINGER_S = 2.0
 LINGER_BYTES = 64 << 20
+# At a drain, how long a keep-alive connection with no request under way stays open before it closes: a
+# request its client sends meanwhile is answered (new work: the 503 of a drain, `connection: close`) instead
+# of finding the connection closed under it (shutdown, below).
+IDLE_AT_DRAIN_S = 0.5
 # The most a request head may take (nginx answers 400 past 32 KB by default, Node 431 past 16 KB): this
 # API's requests carry a few short headers, and a proxy's additions fit many times over.
 HEAD_LIMIT = 64 << 10
@@ -308,6 +312,21 @@ class _BoundedRead(HttpToolsProtocol):
         # and a connection the server closed (a 503 past --limit-concurrency, a drain) had them counted as
         # answered.
         super().connection_lost(exc)
+
+    def shutdown(self) -> None:
+        """uvicorn's drain (Server.shutdown) closes each connection with no request under way at once. A
+        keep-alive client may be sending one just then: it found the connection closed, unanswered (4 to 8
+        requests each SIGTERM, 32 clients sending back to back: benchmarks/results/drain-direct-before.md). Such a connection is kept IDLE_AT_DRAIN_S
+        longer: a request that comes meanwhile is answered and closes it (on_headers_complete: no keep-alive
+        once out of rotation); else it closes then. The drain waits for it as for any open connection."""
+        if self._under_way() or self.transport.is_closing():
+            super().shutdown()  # its answer closes it
+            return
+        self.loop.call_later(IDLE_AT_DRAIN_S, self._close_if_still_idle)
+
+    def _close_if_still_idle(self) -> None:
+        if not self.transport.is_closing() and not self._under_way() and not self._in_message:
+            self.transport.close()
 
     def handle_websocket_upgrade(self) -> None:
         # Only where uvicorn runs with WebSockets on (app/__main__.py turns them off): it hands the transport
