@@ -197,7 +197,7 @@ def _score(cfg: BulkConfig, bundle, t0: float, files: list[Path], left_out: Left
         # Pretraining reads a .txt corpus as paragraphs between blank lines: the same files, scored here,
         # are cut into their lines. Only where paragraphs run over several lines (a paragraph a line, as
         # WikiText's, is scored whole already).
-        print(f"bulk: note: {blank:,} blank lines skipped: in a .txt file every line is a document (pretraining "
+        print(f"bulk: note: {blank:,} blank lines of .txt files skipped: in a .txt file every line is a document (pretraining "
               "reads paragraphs between blank lines); to score a paragraph whole, put it on one line or write "
               "JSONL", file=sys.stderr)  # fmt: skip
     # A wrong --id-field rejected every document missing_id, without a word. The id is read before the text:
