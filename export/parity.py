@@ -74,7 +74,7 @@ def max_abs_diff(model, sess, kind, ptype, batches: list[Batch], inputs: list[st
         diff = np.abs(ref - got)
         if kind == "detector":
             diff = diff[b.attention_mask == 1]  # padded positions are never read
-        worst = max(worst, float(diff.max()))
+        worst = _nan_max(worst, float(diff.max()))
     return worst
 
 
@@ -129,8 +129,13 @@ def max_abs_diff_sessions(a, b, batches: list[Batch], inputs: list[str]) -> floa
         pa, pb = a.run(None, batch.feed(inputs))[0], b.run(None, batch.feed(inputs))[0]
         if pa.shape == batch.attention_mask.shape:  # a detector: padding positions do not count
             pa, pb = pa[batch.attention_mask == 1], pb[batch.attention_mask == 1]
-        worst = max(worst, float(np.abs(pa - pb).max()))
+        worst = _nan_max(worst, float(np.abs(pa - pb).max()))
     return worst
+
+
+def _nan_max(a: float, b: float) -> float:
+    """max() that keeps a NaN: max(0.0, nan) is 0.0, and a NaN output passed the parity check so."""
+    return float("nan") if a != a or b != b else max(a, b)
 
 
 class TorchReference:

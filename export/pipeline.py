@@ -241,6 +241,7 @@ def _load(cfg: ExportConfig, log) -> _Source:
     from training.data.tokenizer_saving import transformers_reads_otherwise
 
     model, mcfg, ckpt = load_model(cfg.checkpoint)
+    _refuse_non_finite(model, ckpt)
     model.eval()
     graph, kind, output = graph_for(model)
     trained = mcfg.trained_positions
@@ -310,6 +311,23 @@ def _load(cfg: ExportConfig, log) -> _Source:
     strategy = choose(cfg.precision, cfg.int8, quantization_aware, log)
     return _Source(cfg, model, graph, mcfg, ckpt, kind, output, ptype, max_length, log, strategy,
                    quantization_aware, warnings=tuple(warnings), eval_rows=eval_rows)  # fmt: skip
+
+
+def _refuse_non_finite(model, ckpt: Path) -> None:
+    """NaN or inf in the weights, refused before any conversion: such a model's probabilities are NaN, which
+    no parity check or calibration can make right (it got as far as advice to try the other precision)."""
+    import torch
+
+    from training.errors import CheckpointError
+
+    bad = [name for name, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise CheckpointError(
+            f"{ckpt} has NaN or infinite weights in {len(bad)} tensor{'s' * (len(bad) > 1)} ({shown}): "
+            "the training run diverged or the file is damaged; export a checkpoint from before the divergence"
+        )
 
 
 def _fp32_graph(src: _Source, work: Path) -> _Fp32:
