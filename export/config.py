@@ -62,7 +62,8 @@ class ExportConfig:
         "--max-seq-len, within the model's limit)",
     )
     eval_text: str | None = option(
-        None, "held-out text file for the int8 check, one text a line (default: WikiText-2 valid)"
+        None,
+        "held-out text file for the int8 check, one text a line, .txt or .txt.gz (default: WikiText-2 valid)",
     )
     eval_data: str | None = option(
         None,
@@ -139,6 +140,10 @@ class ExportConfig:
         gone = [f"--{flag.replace('_', '-')}: {getattr(self, flag)} does not exist"
                 for flag in ("eval_text", "eval_data")
                 if getattr(self, flag) is not None and not Path(getattr(self, flag)).exists()]  # fmt: skip
+        # Found where it is read, after the conversion's minutes, as "Is a directory".
+        if self.eval_text is not None and Path(self.eval_text).is_dir():
+            gone.append(f"--eval-text: {self.eval_text} is a directory; give one file of held-out text, "
+                        "one text a line (.txt, or .txt.gz)")  # fmt: skip
         if (
             self.calibration_text is not None
             and not options.shortened_path(

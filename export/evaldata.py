@@ -9,6 +9,7 @@ which is easier to detect than a generator's samples; the manifest says which on
 from __future__ import annotations
 
 import functools
+import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,14 @@ def held_out_text(eval_text: Path | None, data_dir: Path | str | None) -> tuple[
 def _read_held_out(eval_text: Path | None, data_dir: Path | str | None) -> tuple[tuple[str, ...], str]:
     if eval_text is not None:
         try:
-            lines = [ln.strip() for ln in Path(eval_text).read_text(encoding="utf-8-sig").splitlines()]
+            # gzip as --calibration-text and pretraining read it: a .txt.gz was read as bytes that are not UTF-8
+            opener = gzip.open if str(eval_text).endswith(".gz") else open
+            with opener(eval_text, "rt", encoding="utf-8-sig") as f:
+                lines = [ln.strip() for ln in f.read().splitlines()]
+        except (gzip.BadGzipFile, EOFError) as e:
+            raise EvalDataError(
+                f"--eval-text: {eval_text}: not a whole gzip file ({e}); compress it again, or drop .gz"
+            ) from None
         except UnicodeDecodeError as e:
             raise EvalDataError(
                 f"--eval-text: {eval_text} is not UTF-8 (byte offset {e.start}); save it as UTF-8"

@@ -60,10 +60,14 @@ def calibration_text_problem(text: str) -> str | None:
     sources with a calibration part; None when it may. Checked while the options are parsed
     (export/config.py): found where the sentences are read, it cost the model's load, export and parity
     check first (minutes for a real model)."""
-    if not text or Path(text).exists():
+    if text and Path(text).exists():
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
     usable = [n for n, source in SOURCES.items() if source.calibration]
+    if not names:  # "" or ",": calibrated on the default sources, which the user did not ask for
+        return (f"--calibration-text {text!r} names no file and no source; name a file or directory of your own "
+                f"text, or sources from {', '.join(usable)}, or drop it for the default "
+                f"({','.join(CALIBRATION_SOURCES)})")  # fmt: skip
     if unknown := [n for n in names if n not in usable]:
         return (f"--calibration-text {text}: {', '.join(unknown)} is neither a file nor a source of calibration "
                 f"sentences; name a file or directory of your own text, or sources from {', '.join(usable)} "

@@ -82,3 +82,56 @@ def test_parity_maxima_keep_a_nan():
     assert math.isnan(diff)
     with pytest.raises(ParityError):
         check_close(diff, "fp32")
+
+
+@pytest.mark.parametrize("given", ["", ",", " , ,"])
+def test_calibration_text_naming_nothing_is_refused_with_the_options(tmp_path, tokenizer_dir, given):
+    """--calibration-text "" or "," was taken, and the export calibrated on the default sources."""
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([str(tokenizer_dir), "--out", str(tmp_path / "b"), "--calibration-text", given])
+    err = str(stop.value)
+    assert stop.value.code == 2
+    assert f"--calibration-text {given!r} names no file and no source" in err
+    assert "or drop it for the default (wikitext2,news,chat,trec)" in err
+
+
+def test_eval_text_gzipped_reads_as_the_plain_file(tmp_path):
+    """A .txt.gz --eval-text was read as bytes: "not UTF-8", after the whole conversion."""
+    import gzip
+
+    from export.evaldata import held_out_text
+
+    lines = hm.text_lines(50, split="valid")
+    plain, packed = tmp_path / "held.txt", tmp_path / "held.txt.gz"
+    plain.write_text("\n".join(lines), encoding="utf-8")
+    with gzip.open(packed, "wt", encoding="utf-8") as f:
+        f.write("\n".join(lines))
+    assert held_out_text(packed, None)[0] == held_out_text(plain, None)[0]
+    assert len(held_out_text(packed, None)[0]) == len([ln for ln in lines if ln.strip()])
+
+
+def test_eval_text_cut_gzip_says_so(tmp_path):
+    import gzip
+
+    from export.evaldata import EvalDataError, held_out_text
+
+    cut = tmp_path / "held.txt.gz"
+    whole = gzip.compress("\n".join(hm.text_lines(500, split="valid")).encode())
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(EvalDataError, match="not a whole gzip file .*compress it again, or drop .gz"):
+        held_out_text(cut, None)
+
+
+def test_eval_text_a_directory_is_refused_with_the_options(tmp_path, tokenizer_dir):
+    """A directory was read after the conversion and failed as "Is a directory"."""
+    from export.__main__ import main
+
+    (tmp_path / "texts").mkdir()
+    with pytest.raises(SystemExit) as stop:
+        main([str(tokenizer_dir), "--out", str(tmp_path / "b"), "--eval-text", str(tmp_path / "texts")])
+    assert stop.value.code == 2
+    assert f"--eval-text: {tmp_path / 'texts'} is a directory; give one file of held-out text" in str(
+        stop.value
+    )

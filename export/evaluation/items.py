@@ -90,7 +90,7 @@ def held_out_sources(text: str | None, data_dir: Path | str | None) -> dict[str,
         found = {str(text): own_sentences(text)}
     else:
         names = [n.strip() for n in text.split(",") if n.strip()] if text else list(CALIBRATION_SOURCES)
-        if problem := calibration_text_problem(text or ""):  # export checks at its start; other callers here
+        if text is not None and (problem := calibration_text_problem(text)):  # export checks at its start
             raise CalibrationDataError(problem)
         try:
             found = {n: sentences(n, "calibration", data_dir) for n in names}
