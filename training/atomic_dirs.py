@@ -10,7 +10,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import shutil
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from training.errors import (
     out_of_space,
     refuse_mount_point,
     remove_orphans,
+    remove_tree,
     sibling_temporary,
 )
 
@@ -33,7 +35,15 @@ def _remove_stale_temporaries(target: Path) -> None:
     old = _set_aside(target)
     if old.is_dir() and not target.exists():
         old.rename(target)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove(old)
+
+
+def _remove(directory: Path) -> None:
+    """A temporary or replaced directory gone, or a warning naming it: it holds a whole old copy, and was
+    left behind silently, hidden by its leading dot, at every write over a read-only one."""
+    if os.path.lexists(directory) and not remove_tree(directory):
+        print(f"warning: could not remove {directory} (a previous or unfinished copy, no longer used); "
+              f"remove it yourself: rm -rf {shlex.quote(str(directory))}", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _set_aside(target: Path) -> Path:
@@ -93,14 +103,14 @@ def write_atomically(target: Path, fill: Callable[[Path], None], needed_bytes: i
         if not target.exists():
             tmp.rename(target)
         elif _exchange(tmp, target):  # tmp holds the previous directory now
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
         else:
             target.rename(old := _set_aside(target))  # a kill here: the next write puts it back
             tmp.rename(target)
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
     except BaseException as e:
         if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove(tmp)
         try:
             if out_of_space(e):
                 raise disk_full(target, needed_bytes) from e

@@ -16,6 +16,7 @@ import re
 import secrets
 import shlex
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Collection
@@ -116,6 +117,28 @@ def sibling_temporary(target: Path) -> Path:
     return target.parent / f".{target.name}.pid{os.getpid()}.{secrets.token_hex(8)}"
 
 
+def remove_tree(path: Path) -> bool:
+    """Remove the directory `path`, making its directories writable first where that is what stops it (a
+    read-only bundle replaced with --force: rmtree cannot unlink files in a directory of mode 555, and left
+    a hidden copy behind at every export). True when it is gone; what is not ours to chmod stays."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path):
+        return True
+    if not path.is_symlink():
+        _let_owner_write(path)
+        for parent, names, _ in os.walk(path):  # top-down: each directory is opened after its chmod
+            for name in names:
+                _let_owner_write(Path(parent, name))
+        shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+def _let_owner_write(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # another user's: not ours to change
+        if not directory.is_symlink():
+            directory.chmod(directory.stat().st_mode | stat.S_IRWXU)
+
+
 def remove_orphans(directory: Path, prefix: str, idle_s: float = 0.0) -> None:
     """Temporary directories and files named `<prefix>pid<PID>...` whose writer no longer runs (killed:
     SIGKILL, OOM): it will never finish them, so they go. What cannot be removed (another user's, a
@@ -129,7 +152,7 @@ def remove_orphans(directory: Path, prefix: str, idle_s: float = 0.0) -> None:
             if idle_s and time.time() - tmp.lstat().st_mtime < idle_s:
                 continue
         if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
         else:
             with contextlib.suppress(OSError):
                 tmp.unlink()
