@@ -33,6 +33,8 @@ from training.errors import (
     DiskFullError,
     check_replaceable,
     check_writable_beside,
+    disk_full,
+    out_of_space,
     refuse_holding_cwd,
     refuse_inside_checkpoints,
 )
@@ -102,9 +104,14 @@ def _hold(out: Path) -> list[Path]:
         lock.parent.mkdir(parents=True, exist_ok=True)
         hold_file(lock)
     except BaseException as e:
+        # Measured before the directories made for the lock go: disk_full reads the disk at its directory.
+        full = disk_full(lock) if out_of_space(e) else None
         _release(out, created)
         if isinstance(e, DirectoryHeld):
             raise _in_use(out, e.pid) from None
+        if full:  # said as every full disk is, not as a --out one cannot write to
+            raise options.ConfigError(f"--out {out}: {full}; free some space there, or choose another "
+                                      "--out") from None  # fmt: skip
         if isinstance(e, OSError):
             raise options.ConfigError(f"--out {out}: cannot write its lock file {lock} ({e.strerror or e}): "
                                       "choose a --out you can write to") from None  # fmt: skip

@@ -102,10 +102,15 @@ def hold_file(lock: Path, tries: int = 3) -> None:
                 errno.EAGAIN, "its lock file was removed each time it was taken: run the command again"
             )
         return hold_file(lock, tries - 1)
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+    except BaseException:  # a full disk: a lock naming no pid, left behind, kept its directory from going
+        lock.unlink(missing_ok=True)  # ours to remove: we hold its lock
+        f.close()
+        raise
     _held[key] = f
 
 

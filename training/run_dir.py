@@ -14,9 +14,10 @@ import tempfile
 from pathlib import Path
 
 from options import ConfigError
-from options.locking import DirectoryHeld, hold_directory, holder
+from options.locking import LOCK, DirectoryHeld, hold_directory, holder
 from training import STARTED_BY
 from training.data.shards import META_FILE
+from training.errors import disk_full, out_of_space
 
 HANDOFF = "handoff.json"  # what training.handoff unpack writes at the top of the run it makes
 LATEST = "latest"  # checkpoints/latest: the name of the checkpoint a resume continues from
@@ -303,6 +304,9 @@ def hold(out: Path) -> None:
     try:
         hold_directory(out)
     except OSError as e:
+        if out_of_space(e):  # not a directory the user cannot write in, as it was told
+            raise ConfigError(f"--out: {disk_full(out / LOCK)}; free some space there, or choose another "
+                              "--out") from None  # fmt: skip
         raise ConfigError(
             f"--out: cannot write in {out} ({e.strerror or e}); give a directory you can write"
         ) from None
