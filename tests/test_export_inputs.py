@@ -4,6 +4,9 @@ check (max(0.0, nan) is 0.0) and ended in advice to try the other precision."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +20,7 @@ except ImportError:  # tests/ made a package
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
 pytestmark = pytest.mark.timeout(120)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _poison(directory, name: str, value: float) -> None:
@@ -135,3 +139,28 @@ def test_eval_text_a_directory_is_refused_with_the_options(tmp_path, tokenizer_d
     assert f"--eval-text: {tmp_path / 'texts'} is a directory; give one file of held-out text" in str(
         stop.value
     )
+
+
+def test_a_pickle_holding_more_than_tensors_is_named_by_what_it_holds(tmp_path, tokenizer_dir):
+    """Its error was torch's page of advice, with terminal escapes, cut at 200 characters mid-sentence."""
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file
+
+    from export.__main__ import main
+
+    src = hm.save_detector(tmp_path / "src", tokenizer_dir)
+    weights = load_file(src / "model.safetensors")
+    torch.save({**weights, "step": np.float64(3.0)}, src / "pytorch_model.bin")
+    (src / "model.safetensors").unlink()
+    done = subprocess.run([sys.executable, "-m", "export", str(src), "--out", str(tmp_path / "b")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{src / 'pytorch_model.bin'} holds numpy." in done.stderr
+    assert "besides tensors, a Python object that loading it would run code from" in done.stderr
+    assert "\x1b" not in done.stderr and "Traceback" not in done.stderr
+    # What it says to do, done, exports: model.safetensors beside the pickle is read first.
+    from safetensors.torch import save_file
+
+    save_file(weights, src / "model.safetensors")
+    assert main([str(src), "--out", str(tmp_path / "b"), "--calibrate", "false"]) == 0

@@ -5,6 +5,8 @@ reading a tensor."""
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -127,7 +129,20 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_pickle(path: Path) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's own message is a page of advice with terminal escapes, cut at 200 characters mid-word;
+        # the line that says which Python object the pickle holds besides tensors is the one to show.
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        if not found:
+            raise
+        raise CheckpointError(
+            f"{path} holds {found.group(1)} besides tensors, a Python object that loading it would run code "
+            "from, so it is not read. If you trust its source, save its tensors as model.safetensors beside "
+            "it (safetensors.torch.save_file of the tensors torch.load(path, weights_only=False) gives), "
+            "which is read first"
+        ) from None
 
 
 def _read_shards(ckpt: Path, index: str, read: Callable[[Path], dict]) -> dict[str, torch.Tensor]:
@@ -138,6 +153,8 @@ def _read_shards(ckpt: Path, index: str, read: Callable[[Path], dict]) -> dict[s
     for shard in sorted(set(weight_map.values())):
         try:
             tensors = read(ckpt / shard)
+        except CheckpointError:  # a shard holding more than tensors: said whole, naming the shard
+            raise
         except Exception as e:  # missing, cut short, not safetensors: name the shard, not the index
             what = (
                 "is missing"
