@@ -342,6 +342,12 @@ def test_api_key_protects_everything_but_health_ready_and_the_docs(bundles_dir, 
             assert c.post("/detect", json={"text": "a"}, headers={"x-api-key": key}).status_code == 200
             ok = c.post("/detect", json={"text": "a"}, headers={"authorization": f"Bearer {key}"})
             assert ok.status_code == 200
+            # Either header may carry it: a proxy's own Authorization beside our x-api-key was refused (401).
+            for both in ({"authorization": "Bearer the-proxys-token", "x-api-key": key},
+                         {"authorization": f"Bearer {key}", "x-api-key": "stale"}):  # fmt: skip
+                assert c.post("/detect", json={"text": "a"}, headers=both).status_code == 200, both
+            wrong = {"authorization": "Bearer the-proxys-token", "x-api-key": "wrong"}
+            assert c.post("/detect", json={"text": "a"}, headers=wrong).status_code == 401
         log = s.log()
     assert key not in log and "api_key" in log  # settings printed, key masked
     # Each 0 that the server decides with what it came to here: once only a model's later line said it.
