@@ -339,6 +339,9 @@ def test_the_openapi_document_names_the_answers_and_headers_the_server_gives(cli
             assert {"400", "408", "431"} <= set(answers), (path, method)  # by the HTTP layer on any path
             for code, answer in answers.items():
                 assert "x-request-id" in answer.get("headers", {}), (path, method, code)
+                if ": " in answer["description"]:  # each error type once (read_timeout was listed twice)
+                    types = answer["description"].split(": ", 1)[1].split(", ")
+                    assert len(types) == len(set(types)), (path, method, code, types)
     detect = document["paths"]["/detect"]["post"]["responses"]
     assert "retry-after" in detect["429"]["headers"] and "retry-after" in detect["503"]["headers"]
     assert {"x-total-time", "x-queue-time"} <= set(detect["200"]["headers"])

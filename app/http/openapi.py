@@ -111,7 +111,9 @@ def _add_error(responses: dict, status: int, error: str) -> str | None:
     the status made, or None."""
     answer = responses.get(str(status))
     if isinstance(answer, OpenAPIResponse) and _is_error_body(answer):
-        answer.description += ", " + error
+        # A route's own may list it already (read_timeout: a body read too slowly), and it read twice.
+        if error not in answer.description.split(": ", 1)[-1].split(", "):
+            answer.description += ", " + error
     elif answer is None:
         body = OpenAPIMediaType(schema=Reference(ref=_ERROR_BODY))
         responses[str(status)] = OpenAPIResponse(
