@@ -92,6 +92,31 @@ def test_bad_input_gets_4xx_naming_the_field(server, path, body, status, type, f
     assert setting is None or setting in err["message"], err
 
 
+# A refused value's 422 says what the field takes: msgspec's "Invalid enum value 'x'" and "Number out of
+# range" named nothing allowed, an unknown field no known one, and a key "" was reported as the body's.
+SAYS_WHAT_IT_TAKES = [
+    ("/detect", b'{"text": "a", "return": "everything"}', "return", "expected one of both, tokens, words"),
+    ("/detect", b'{"text": "a", "threshold": 1e400}', "threshold", "expected a number >= 0.0 and <= 1.0"),
+    ("/classify", b'{"text": "a", "top_k": -1e400}', "top_k", "expected an integer >= 1"),
+    (
+        "/detect",
+        b'{"text": "a", "colour": "red"}',
+        "colour",
+        "the fields are text, texts, model, threshold, return",
+    ),
+    ("/classify", b'{"text": "a", "": 1}', '""', "the fields are text, texts, pairs, model, top_k"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "field", "says"), SAYS_WHAT_IT_TAKES)
+def test_a_refused_value_is_told_what_the_field_takes(server, path, body, field, says):
+    with server.client() as c:
+        r = c.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["field"] == field and says in err["message"], err
+
+
 @pytest.mark.parametrize("path", ["/detect?threshold=0.9&return=tokens", "/classify?model=detector"])
 def test_query_parameters_are_refused_not_ignored(server, path):
     """`?threshold=0.9` was ignored (the answer at the model's own threshold) and `?model=` answered by the

@@ -95,7 +95,7 @@ def strict_json(kind: type[msgspec.Struct]):
                 pass
             except msgspec.DecodeError as syntax:
                 raise await _said(body, text, syntax) from None
-            raise from_msgspec(e) from None
+            raise from_msgspec(e, kind) from None
         except msgspec.DecodeError as e:
             raise await _said(body, text, e) from None
         if _may_repeat_a_key(body, quoted_keys):

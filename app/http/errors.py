@@ -25,6 +25,7 @@ from app.errors import (
     for_log,
 )
 from app.http.auth import DOCS
+from app.http.field_hints import allowed
 
 log = logging.getLogger("app")
 
@@ -175,8 +176,9 @@ def _from_validation(exc: ValidationException) -> AppError:
     return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
 
 
-def from_msgspec(exc: msgspec.DecodeError) -> AppError:
-    """A strict decode of the body failed: bad JSON (400) or a value of the wrong type or range (422)."""
+def from_msgspec(exc: msgspec.DecodeError, kind: type[msgspec.Struct] | None = None) -> AppError:
+    """A strict decode of the body failed: bad JSON (400) or a value of the wrong type or range (422).
+    `kind`: the body's type, whose fields say what a refused value could have been."""
     cause = str(exc)
     if not isinstance(exc, msgspec.ValidationError):
         return AppError(ErrorType.INVALID_JSON, f"request body is not valid JSON: {cause}", field="body")
@@ -185,10 +187,13 @@ def from_msgspec(exc: msgspec.DecodeError) -> AppError:
     message = _AT.sub("", cause)
     unknown = _UNKNOWN.search(cause)
     if unknown:  # name the offending field rather than the object holding it
-        field = f"{field}.{unknown.group(1)}" if field else unknown.group(1)
+        name = unknown.group(1) or '""'  # a key "" was reported as the body's fault
+        field = f"{field}.{name}" if field else name
         message = f"Object contains unknown field `{clip(unknown.group(1))}`"
     if message.startswith("Expected `object`") and not field:
         message = f"request body must be a JSON object: {message}"
+    if kind is not None:
+        message += allowed(kind, field, message)
     return AppError(ErrorType.VALIDATION, clip(message, 500), field=clip(field) if field else "body")
 
 
