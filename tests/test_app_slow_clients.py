@@ -657,3 +657,28 @@ def test_the_open_files_limit_is_raised_and_a_limit_concurrency_past_it_is_warne
         assert "Raise the limit to 464 or more" in log and "--limit-concurrency 192 or less" in log, log
         with s.client() as c:
             assert c.get("/health").status_code == 200
+
+
+def test_a_request_pipelined_behind_a_413_is_neither_run_nor_counted(server):
+    """A body over --max-body-bytes is answered 413 with `connection: close`, its rest read and dropped. A
+    request the client had pipelined behind it was parsed from the same read, run, and counted as the
+    client's abort (a `GET /health 499` in the access log) although the server closed the connection."""
+    health = lambda status: server.metric("electra_requests_total", endpoint="/health", status=status)  # noqa: E731
+    before = {status: health(status) for status in ("200", "499")}
+    gone = server.metric("electra_rejected_requests_total", reason="client_gone")
+    too_large = server.metric("electra_requests_total", endpoint="/detect", status="413")
+    body = b"a" * ((1 << 20) + 1)  # the default --max-body-bytes, and one byte more
+    upload = (b"POST /detect HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+              % len(body)) + body  # fmt: skip
+    got = b""
+    with _connect(server) as s:
+        s.sendall(upload + b"GET /health HTTP/1.1\r\nhost: x\r\nx-request-id: behind-the-413\r\n\r\n")
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.count(b"HTTP/1.1 ") == 1 and got.startswith(b"HTTP/1.1 413"), got[:300]
+    wait_for(lambda: server.metric("electra_requests_total", endpoint="/detect", status="413") == too_large + 1,
+             what="the 413 to be counted")  # fmt: skip
+    time.sleep(0.5)  # what the GET would have been counted as, counted by now
+    assert {status: health(status) for status in ("200", "499")} == before
+    assert server.metric("electra_rejected_requests_total", reason="client_gone") == gone
+    assert "behind-the-413" not in server.log()

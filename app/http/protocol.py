@@ -170,6 +170,12 @@ class _BoundedRead(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self.transport.is_closing():
+            # A request parsed from the read that ended the one answered early (a 413: its body read and
+            # dropped, then the close): the client sent it on a connection the server closes. Run, it was
+            # counted as the client's abort (499). uvicorn's cycle stays the answered one, whose body and
+            # end callbacks do nothing, so this request neither runs nor counts (as connection_lost's).
+            return
         # Its head came in before the drain: admitted when its body is in, whenever that is (lifecycle.py).
         self.scope[ARRIVED_BEFORE_DRAIN] = self.lifecycle.admits_new or self._first_request
         self._first_request = False  # a later request on it is new: refused once the drain began
