@@ -119,3 +119,30 @@ def test_a_character_normalised_into_several_words_is_never_cut_between_them():
     # character, and a pair of two 3,000-character halves of `…` reached the tokenizer whole (2 GB).
     head, pair_head = text_heads(nfkc, "x " + "…" * 3000, "x " + "…" * 3000, 128)
     assert len(head) < 200 and len(pair_head) < 200
+
+
+def test_texts_encode_in_chunks_as_in_one_batch_and_move_a_bar(tok, monkeypatch, capsys):
+    """300,000 rows were tokenized in one call, 45 s without a word: now in chunks, a bar moving between
+    them, with the ids one call gives."""
+    from training.finetuning import batches
+    from training.progress import progress_bar
+
+    examples = [Example(t, None, 0) for t in texts()] + [
+        Example(a, b, 1) for a, b in zip(texts()[:-3], texts()[3:], strict=True)
+    ]
+    whole = encode(tok, examples, MAX_LEN)
+    monkeypatch.setattr(batches, "ENCODE_CHUNK", 7)
+    with progress_bar(total=len(examples), desc="tokenizing") as bar:
+        chunked = encode(tok, examples, MAX_LEN, bar)
+        assert bar.n == len(examples)
+    assert chunked == whole
+    assert "tokenizing: 100%|" in capsys.readouterr().err
+
+
+def test_a_bar_told_not_to_stay_still_ends_with_its_line_in_a_log(capsys):
+    """leave=False clears a terminal's bar; in a log (not a terminal) that left only its 0% line."""
+    from training.progress import progress_bar
+
+    with progress_bar(total=30, desc="dev evaluation", leave=False) as bar:
+        bar.update(30)
+    assert capsys.readouterr().err.splitlines()[-1].startswith("dev evaluation: 100%|")

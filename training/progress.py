@@ -12,6 +12,8 @@ from collections.abc import Iterable, Iterator
 from tqdm import tqdm
 
 LOG_EVERY_S = 30.0
+# Fewer rows than this (to tokenize, to score) take seconds: a bar over them would only add lines to a log.
+BAR_ROWS = 10_000
 
 
 class _Lines:
@@ -39,6 +41,9 @@ def progress_bar(**kwargs) -> tqdm:
         return notebook_tqdm(**kwargs)
     if stream.isatty():
         return tqdm(file=stream, dynamic_ncols=True, **kwargs)
+    # leave=False clears a terminal's bar (a dev pass's, under the run's own); in a log, its end line is what
+    # says it ran and for how long, and clearing only left its 0% line there.
+    kwargs["leave"] = True
     return tqdm(file=_Lines(stream), mininterval=LOG_EVERY_S, ncols=120, **kwargs)
 
 

@@ -44,15 +44,26 @@ def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, 
     return n, sorted(found)
 
 
-def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int) -> list[Encoded]:
-    """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first."""
+# Examples tokenized at a time: a progress bar moves between them (300,000 rows took 45 s without a word).
+ENCODE_CHUNK = 4096
+
+
+def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int, bar=None) -> list[Encoded]:
+    """Token ids with [CLS]/[SEP] (the tokenizer's post-processor), pairs truncated longest-first. `bar` (a
+    progress bar, or None) advances by each chunk's examples."""
     t, counting = tokenizer_copy(tok, max_seq_len), tokenizer_copy(tok)
-    heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) for ex in examples]
-    inputs = [text if pair is None else (text, pair) for text, pair in heads]
-    return [
-        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
-        for e, ex, (text, pair) in zip(t.encode_batch(inputs), examples, heads, strict=True)
-    ]
+    out: list[Encoded] = []
+    for start in range(0, len(examples), ENCODE_CHUNK):
+        chunk = examples[start : start + ENCODE_CHUNK]
+        heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) for ex in chunk]
+        inputs = [text if pair is None else (text, pair) for text, pair in heads]
+        out += [
+            Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
+            for e, ex, (text, pair) in zip(t.encode_batch(inputs), chunk, heads, strict=True)
+        ]
+        if bar is not None:
+            bar.update(len(chunk))
+    return out
 
 
 def tokenizer_copy(tok: Tokenizer, max_seq_len: int | None = None) -> Tokenizer:

@@ -14,20 +14,25 @@ from training.finetuning.metrics import (
     classification_metrics,
     regression_metrics,
 )
+from training.progress import BAR_ROWS, progress_bar
 
 
 @torch.no_grad()
 def predict(
-    model, items, batch_size, pad_id, device, autocast, probs: list | None = None
+    model, items, batch_size, pad_id, device, autocast, probs: list | None = None, desc: str | None = None
 ) -> tuple[np.ndarray, float]:
     """Predictions in `items` order (class ids, or values for regression) and the mean loss; with `probs`,
-    each row's class probabilities are put there too (a classifier's softmax, as its bundle computes)."""
+    each row's class probabilities are put there too (a classifier's softmax, as its bundle computes).
+    `desc`: the name of a progress bar over the rows, shown for BAR_ROWS of them or more."""
     model.eval()
     regression = model.config.problem_type == REGRESSION
     preds = np.zeros(len(items), dtype=np.float64 if regression else np.int64)
     if probs is not None and not regression:
         probs[:] = [None] * len(items)
     loss_sum = 0.0
+    # A big dev set's pass took 26 s in silence, during training and again at its end.
+    bar = progress_bar(total=len(items), desc=desc, unit="row", leave=False,
+                       disable=desc is None or len(items) < BAR_ROWS)  # fmt: skip
     for idx, b in batches(items, batch_size, pad_id, sort_by_length=True):  # sorted: least padding
         b = {k: v.to(device) for k, v in b.items()}
         with autocast():
@@ -38,6 +43,8 @@ def predict(
         if probs is not None and not regression:
             for i, row in zip(idx, _class_probs(logits.softmax(-1)), strict=True):
                 probs[i] = row
+        bar.update(len(idx))
+    bar.close()
     model.train()
     return preds, loss_sum / max(1, len(items))
 
@@ -63,8 +70,10 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor, regression: bool) -> tor
     return F.mse_loss(logits.squeeze(-1), labels) if regression else F.cross_entropy(logits, labels)
 
 
-def evaluate(model, items, data: TaskData, positive: int, cfg, pad_id, device, autocast) -> dict:
-    preds, loss = predict(model, items, cfg.eval_batch_size, pad_id, device, autocast)
+def evaluate(
+    model, items, data: TaskData, positive: int, cfg, pad_id, device, autocast, desc: str | None = None
+) -> dict:
+    preds, loss = predict(model, items, cfg.eval_batch_size, pad_id, device, autocast, desc=desc)
     return figures(preds, loss, items, data, positive)
 
 

@@ -89,7 +89,7 @@ class FineTuner:
         the same weights, and early stops on figures no export answers. About 1.4x the time of a bf16 pass
         (ELECTRA-Small's shape on a 2-core AMX CPU), a dev pass being a small part of a run's time."""
         return evaluate(self.model, self.encoded[split], self.data, self.positive, self.cfg, self.pad_id,
-                        self.device, full_fp32)  # fmt: skip
+                        self.device, full_fp32, desc=f"{split} evaluation")  # fmt: skip
 
     def evaluate_dev(self, log: MetricsLog) -> bool:
         """Evaluate on dev, keep the best weights; True when patience has run out."""
@@ -156,7 +156,7 @@ class FineTuner:
         # In fp32 whatever the run trained in (bf16 on CUDA and AMX): the bundle's arithmetic, so that it
         # answers as these files say (a --qat model's int8 rounding included: its int8 bundle's).
         preds, loss = predict(self.model, self.encoded[split], self.cfg.eval_batch_size, self.pad_id,
-                              self.device, full_fp32, probs)  # fmt: skip
+                              self.device, full_fp32, probs, desc=f"scoring {split}")  # fmt: skip
         labels, regression = self.data.labels, self.data.problem_type == REGRESSION
         rows = []
         for i, ex in enumerate(self.data.splits[split]):

@@ -51,6 +51,7 @@ from training.optim import (
     hardware_as_run,
     matmul_precision,
 )
+from training.progress import BAR_ROWS, progress_bar
 from training.report import precision_reason
 
 # ------------------------------------------------------------------------------------ initialisation
@@ -208,7 +209,11 @@ def setup(argv: list[str] | None) -> FineTuner:
     for warning in [*data.warnings, *overlap_warnings(data.splits)]:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
 
-    encoded = {k: encode(tok, v, cfg.max_seq_len) for k, v in data.splits.items()}
+    texts = sum(len(v) for v in data.splits.values())
+    with progress_bar(
+        total=texts, desc="tokenizing", unit="text", leave=False, disable=texts < BAR_ROWS
+    ) as bar:
+        encoded = {k: encode(tok, v, cfg.max_seq_len, bar) for k, v in data.splits.items()}
     pad = tok.token_to_id("[PAD]")  # there: init_tokenizer required it
     n_typed, typed = typed_special_tokens(tok, data.splits["train"])
     if n_typed:
