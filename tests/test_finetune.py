@@ -952,7 +952,7 @@ def test_a_disk_that_fills_during_the_run_ends_it_with_a_message(tiny_init, tmp_
      (10, ("--eval-every", "4", "--sort-by-length", "--patience", "2", "--metric", "auto"))],  # early stopping's count kept
 )  # fmt: skip
 def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
-    tiny_init, tmp_path, stop_at, extra
+    tiny_init, tmp_path, stop_at, extra, capsys
 ):
     """--resume goes on from resume/ (written at each dev evaluation and at a stop) to the same weights,
     metrics.jsonl rows and figures as the run never stopped; a finished run keeps no resume/."""
@@ -972,7 +972,8 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
     t = start.setup(
         [*args(tmp_path / "stopped"), "--overwrite"]
     )  # saved in its config: no clash with --resume
-    tuner._train(t, time.time(), stopping=lambda: t.step >= stop_at)  # as after Ctrl-C at that step
+    # As after Ctrl-C at that step, of a first part that trained 10 minutes.
+    tuner._train(t, time.time() - 600, stopping=lambda: t.step >= stop_at)
     assert (tmp_path / "stopped" / "resume" / "state.json").is_file()
     with (tmp_path / "stopped" / "metrics.jsonl").open("a") as torn:  # as a kill mid-row leaves it
         torn.write('{"step": 999, "spl')
@@ -997,6 +998,12 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_runs_weights_and_metrics(
         (resumed / "eval_dev.json").read_text()
     )
     assert not (resumed / "resume").exists() and not (whole / "resume").exists()
+    # Its time is both parts' (it was the resumed part's alone).
+    assert json.loads((resumed / "trainer_state.json").read_text())["minutes"] >= 10
+    # The epoch as the step lines give it (a fraction of epochs done), not the number of the one under way.
+    said = re.search(r"resumed: step (\d+) of (\d+) \(epoch (\d+\.\d\d)\)", capsys.readouterr().out)
+    step, total, epoch = int(said[1]), int(said[2]), said[3]
+    assert step == stop_at and epoch == f"{step / (total / 3):.2f}", said[0]
 
 
 def test_resume_refuses_a_finished_run_and_a_changed_recipe(tiny_init, tmp_path, capsys):

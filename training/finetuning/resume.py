@@ -213,7 +213,8 @@ def _restore(t, d: Path, read: Callable[[str], dict]) -> dict:
         b = state["best"]
         t.best.update(score=tuple(b["score"]), metrics=b["metrics"], step=b["step"], epoch=b["epoch"],
                       state=read("best.safetensors"))  # fmt: skip
-    return {k: state[k] for k in ("epoch", "epoch_rng", "in_epoch", "window_loss", "window_n")}
+    place = {k: state[k] for k in ("epoch", "epoch_rng", "in_epoch", "window_loss", "window_n")}
+    return place | {"seconds": state.get("seconds", 0.0)}  # the time trained before (absent: saved before)
 
 
 def random_state(saved: list) -> tuple:

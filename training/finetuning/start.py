@@ -261,5 +261,7 @@ def setup(argv: list[str] | None) -> FineTuner:
             options.usage_exit(f"error: {e}")
         best = f"; best dev {cfg.metric} {t.best['metrics'][cfg.metric]:.4f} at step {t.best['step']}" if (
             t.best["state"] is not None) else ""  # fmt: skip
-        print(f"resumed: step {t.step} of {total} (epoch {t.position['epoch'] + 1}){best}", flush=True)
+        # The epoch as the step and dev lines give it (epoch 1.27: a fraction of the epochs done), not the
+        # number of the epoch under way ("epoch 2" beside lines reading 1.27).
+        print(f"resumed: step {t.step} of {total} (epoch {t.step / steps_per_epoch:.2f}){best}", flush=True)
     return t

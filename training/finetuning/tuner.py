@@ -48,7 +48,9 @@ def run(argv: list[str] | None = None) -> dict:
 
 def train_and_save(t: FineTuner) -> dict:
     """The run after its setup: training, then the best model in --out; a full disk ends it with a message."""
-    started = time.time()
+    # A resumed run's clock goes on from the time its earlier parts trained: trainer_state.json's minutes
+    # counted only the last part.
+    started = time.time() - (t.position or {}).get("seconds", 0.0)
     try:
         with GracefulStop(True, "stopping after this step; the best model so far is kept in --out",
                           hangup=True) as stop:  # fmt: skip
@@ -123,7 +125,7 @@ def _train(t: FineTuner, started: float, stopping=lambda: False) -> dict:
                 log.write(t.step, t.tokens, "train", {"epoch": t.step / t.steps_per_epoch, **row})
                 window_loss, window_n, window_t = 0.0, 0, time.time()
             position = {"epoch": epoch, "epoch_rng": epoch_rng, "in_epoch": done, "window_loss": window_loss,
-                        "window_n": window_n}  # fmt: skip
+                        "window_n": window_n, "seconds": time.time() - started}  # fmt: skip
             due = evaluation_due()
             # Patience spent at the last step stops nothing: the run has ended anyway.
             if due and t.evaluate_dev(log) and t.step < t.total:
