@@ -376,11 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     data = {"config": config, "machine": machine, "server": server_line, "runs": runs, "ratios": ratios(runs),
             "text": {"source": "WikiText-2 valid", "sentences": len(sentences), "words": len(words)},
             "logs": str(log_dir)}  # fmt: skip
-    md = markdown(data)
-    print("\n" + md)
-    js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
-    print(f"\nwrote {js} and {mdp}; the servers' logs in {log_dir}")
-    return 0
+    logs = f"the servers' logs in {log_dir}"
+    return load_reports.publish(args.name, data, markdown(data), Path(args.results), logs)
 
 
 if __name__ == "__main__":

@@ -126,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         rounds.append(one_round(args, log_dir, n))
         print(f"round {n}: {rounds[-1]}", flush=True)
     data = {"config": config, "machine": machine, "rounds": rounds, "logs": str(log_dir)}
-    md = markdown(data)
-    print("\n" + md)
-    js, mdp = load_reports.write_report(args.name, data, md, Path(args.results))
-    print(f"\nwrote {js} and {mdp}; the servers' logs in {log_dir}")
-    return 0
+    logs = f"the servers' logs in {log_dir}"
+    return load_reports.publish(args.name, data, markdown(data), Path(args.results), logs)
 
 
 if __name__ == "__main__":

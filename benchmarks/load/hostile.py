@@ -296,10 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         md += "\n\nNot shown by this run:\n\n" + "\n".join(
             f"- {k}: {why}" for k, why in result["skipped"].items()
         )
-    print(md)
-    js, mdp = load_reports.write_report(args.name, result, md, args.results)
-    print(f"wrote {js} and {mdp}; the server's log in {log_dir}")
-    return 0
+    return load_reports.publish(args.name, result, md, Path(args.results), f"the server's log in {log_dir}")
 
 
 if __name__ == "__main__":

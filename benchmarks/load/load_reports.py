@@ -133,6 +133,15 @@ def write_report(name: str, data: dict, markdown: str, out_dir: Path) -> tuple[P
     return js, md
 
 
+def publish(name: str, data: dict, markdown: str, out_dir: Path, logs: str) -> int:
+    """A load benchmark's end: its table printed, written with its JSON (write_report), and where both and
+    the servers' logs (`logs`: what holds them) are said; 0, the run's exit status."""
+    print("\n" + markdown)
+    js, md = write_report(name, data, markdown, out_dir)
+    print(f"\nwrote {js} and {md}; {logs}")
+    return 0
+
+
 def machine() -> dict:
     """The CPU and the software that served; call it before the run, as its load average is the start's."""
     import onnxruntime
