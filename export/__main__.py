@@ -9,6 +9,7 @@ ExportConfig's (export/config.py), resolved as every entry point's are (options/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -77,6 +78,7 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         if repo.exists() and not repo.is_dir():  # named as given, not as the model directory's parent
             raise options.ConfigError(f"--triton {repo} is a file; a Triton model repository is a directory: "
                                       "choose another --triton")  # fmt: skip
+        _refuse_bundles_in_repository(repo)
         model_dir = repo / out.name
         refuse_inside_checkpoints(model_dir, "--triton", "Triton model directory", error=options.ConfigError)
         refuse_holding_cwd(model_dir, "--triton", "Triton model directory", error=options.ConfigError)
@@ -86,6 +88,20 @@ def resolve(argv: list[str] | None = None) -> ExportConfig:
         _check_replaceable(model_dir, "--triton", cfg, TRITON_FILES, TRITON_CONFIG, "Triton model directory")
         check_writable_beside(model_dir, "--triton", "where the Triton model directory is built", shown=repo)
     return cfg
+
+
+def _refuse_bundles_in_repository(repo: Path) -> None:
+    """A directory of our bundles (models/, the server's --models) given as --triton: Triton loads every
+    directory in its repository as a model, and one without config.pbtxt and a version directory fails
+    it at startup, so the repository was written and could not be served."""
+    with contextlib.suppress(OSError):  # one that cannot be listed: the write probe says why
+        bundles = sorted(d.name for d in repo.iterdir()
+                         if (d / MANIFEST).is_file() and not (d / TRITON_CONFIG).is_file())  # fmt: skip
+        if bundles:
+            raise options.ConfigError(
+                f"--triton {repo} holds electra-serve bundles ({', '.join(bundles[:4])}), not Triton models: a "
+                "Triton server given it fails on them; give a directory of Triton models, or a new one"
+            )
 
 
 def _in_use(out: Path, pid: str) -> options.ConfigError:

@@ -247,6 +247,13 @@ def test_triton_is_checked_before_any_work(tmp_path, capsys):
     assert "holds 2 besides the Triton model directory's own files" in err, err
     assert "overlap" in _refused([*argv, "--triton", str(tmp_path)], capsys)  # <repo>/b would be the bundle
     assert (model_dir / "config.pbtxt").read_text() == "theirs" and not (tmp_path / "b").exists()
+    # The server's models directory (bundles, which a Triton server fails on at startup): written into
+    # before, a repository Triton could not load.
+    served = tmp_path / "models"
+    shutil.copytree(REPO / "models" / "detector", served / "detector")
+    err = _refused([*argv, "--triton", str(served)], capsys)
+    assert f"--triton {served} holds electra-serve bundles (detector), not Triton models" in err, err
+    assert sorted(p.name for p in served.iterdir()) == ["detector"]
 
 
 def test_a_triton_repository_that_cannot_be_written_leaves_none_and_says_the_bundle_was(
