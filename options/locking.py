@@ -7,6 +7,7 @@ bulk and export use it."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 from pathlib import Path
@@ -108,10 +109,19 @@ def hold_file(lock: Path, tries: int = 3) -> None:
         f.write(f"{os.getpid()}\n")
         f.flush()
     except BaseException:  # a full disk: a lock naming no pid, left behind, kept its directory from going
-        lock.unlink(missing_ok=True)  # ours to remove: we hold its lock
-        f.close()
+        _discard(f, lock)
         raise
     _held[key] = f
+
+
+def _discard(f: IO, lock: Path) -> None:
+    """Remove `lock` (ours to remove: we hold its lock) and close it, after its pid could not be written.
+    What fails here is not raised: the write's own error (a full disk) is what the user must hear, not a
+    directory they may not write in, nor the same unwritten pid failing again as the file closes."""
+    with contextlib.suppress(OSError):
+        lock.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # the descriptor is closed all the same
+        f.close()
 
 
 def _refuse_if_held(lock: Path) -> None:

@@ -60,3 +60,27 @@ def test_pretraining_on_a_full_disk_says_the_disk_is_full(tmp_path, small_corpus
         said = (f"--out: no space left on the disk holding {disk / 'run'}", "free some space there")
         refused_by(pretrain, "training.pretrain", argv, said, None)
         assert list((disk / "run").iterdir()) == []  # no 0-byte .lock
+
+
+_HOLD = (
+    "import sys; from pathlib import Path; from options.locking import hold_directory\n"
+    "try:\n    hold_directory(Path(sys.argv[1]))\nexcept OSError as e:\n    print(e.errno, e.strerror)"
+)
+
+
+def test_a_full_disk_is_what_the_lock_says_where_its_file_cannot_be_removed(tmp_path):
+    """A 0-byte lock (as a full disk left them before) in a directory the user may not write in: its pid
+    does not fit, and removing it is refused; the error raised is still the full disk, not that refusal."""
+    import errno
+
+    from tests.unprivileged import run_python
+
+    with _full_disk(tmp_path / "small") as disk:
+        (disk / "run").mkdir()
+        (disk / "run" / ".lock").touch(mode=0o666)
+        (disk / "run").chmod(0o555)  # the lock file stays writable, the directory does not
+        try:
+            done = run_python(_HOLD, str(disk / "run"))
+        finally:
+            (disk / "run").chmod(0o755)
+        assert done.stdout.split(" ")[0] == str(errno.ENOSPC), done.stdout + done.stderr
