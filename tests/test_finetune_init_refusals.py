@@ -20,7 +20,7 @@ except ImportError:  # tests/ made a package
     from tests.test_finetune import write_csv
 
 
-def refused(argv: list, capsys, *says: str) -> None:
+def refused(argv: list, capsys, *says: str) -> str:
     out = Path(argv[argv.index("--out") + 1])
     with pytest.raises(SystemExit) as stop:
         finetune([*map(str, argv), "--threads", "1"])
@@ -29,6 +29,7 @@ def refused(argv: list, capsys, *says: str) -> None:
     for s in says:
         assert s in err, (s, err)
     assert not out.exists()
+    return err
 
 
 def edited(tiny_init: Path, where: Path, **fields) -> Path:
@@ -137,3 +138,68 @@ def test_a_file_given_as_init_is_refused_naming_the_directory_that_holds_it(tiny
     with pytest.raises(CheckpointError) as refusal:
         resolve_source(str(weights))  # pretraining's --init
     assert str(refusal.value) == says
+
+
+def _generator(tiny_init: Path, where: Path) -> Path:
+    """A Hugging Face ElectraForMaskedLM directory on its own (google/electra-small-generator's layout)."""
+    from transformers import ElectraConfig, ElectraForMaskedLM
+
+    from training.data.tokenizer_saving import copy_tokenizer
+
+    config = json.loads((tiny_init / "config.json").read_text())
+    shape = {k: config[k] for k in ("vocab_size", "embedding_size", "max_position_embeddings")}
+    ElectraForMaskedLM(
+        ElectraConfig(
+            **shape, hidden_size=32, num_hidden_layers=2, num_attention_heads=1, intermediate_size=64
+        )
+    ).save_pretrained(where)
+    copy_tokenizer(tiny_init, where)
+    return where
+
+
+def test_a_hugging_face_generator_is_refused_saying_to_give_its_discriminator(tiny_init, tmp_path, capsys):
+    """An ElectraForMaskedLM directory of its own (a *-generator download) was fine-tuned as the encoder in
+    silence, as a run's generator/ was before it was refused: a model a quarter of the discriminator's width."""
+    generator = _generator(tiny_init, tmp_path / "electra-small-generator")
+    train = write_csv(tmp_path / "r.csv", 30)
+    refused(["--init", generator, "--train", train, "--text-column", "review", "--label-column", "verdict",
+             "--out", tmp_path / "out"], capsys, f"error: --init: {generator} is an ELECTRA generator",
+            "give --init the discriminator's directory (ElectraForPreTraining)")  # fmt: skip
+
+
+def test_an_mlm_runs_masked_language_model_is_still_a_start(tmp_path):
+    """An --objective mlm run's checkpoint is an ElectraForMaskedLM too, the encoder it trained: taken."""
+    from tests.helpers_models import save_mlm_run, train_tokenizer
+    from training.finetuning.model import checkpoint_to_start_from
+
+    run = save_mlm_run(tmp_path / "mlm", train_tokenizer(tmp_path / "tok"))
+    checkpoint = run / "checkpoints" / "step-00000003"
+    assert checkpoint_to_start_from(str(run)) == checkpoint
+    (checkpoint / "trainer_state.json").unlink()  # the run's config.json says it too
+    assert checkpoint_to_start_from(str(checkpoint)) == checkpoint
+
+
+def test_a_file_in_a_directory_fine_tuning_cannot_start_from_names_no_directory(tiny_init, tmp_path, capsys):
+    """--init DIR/model.safetensors was told "give the directory that holds it" where that directory held no
+    config.json (a run directory's checkpoints/latest resolved it), or was itself refused next (a generator)."""
+    train = write_csv(tmp_path / "r.csv", 30)
+    args = [
+        "--train",
+        train,
+        "--text-column",
+        "review",
+        "--label-column",
+        "verdict",
+        "--out",
+        tmp_path / "out",
+    ]
+    run = tmp_path / "run"  # a run directory without its config.json, whose latest checkpoint is a start
+    shutil.copytree(tiny_init, run / "checkpoints" / "step-00000004")
+    (run / "checkpoints" / "latest").write_text("step-00000004")
+    (run / "metrics.jsonl").write_text("")
+    said = refused(["--init", run / "metrics.jsonl", *args], capsys, f"{run / 'metrics.jsonl'} is a file, not a "
+                   f"checkpoint directory: {run} holds no config.json either; give --init a checkpoint directory")  # fmt: skip
+    weights = _generator(tiny_init, tmp_path / "generator") / "model.safetensors"
+    said += refused(["--init", weights, *args], capsys, "the directory that holds it is not one fine-tuning "
+                    f"starts from either ({weights.parent} is an ELECTRA generator")  # fmt: skip
+    assert "give the directory that holds it" not in said, said

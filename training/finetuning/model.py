@@ -1,11 +1,13 @@
 """The classifier to fine-tune and its tokenizer, from --init: an ELECTRA checkpoint's encoder under a
-classification head, fresh or kept (`init_classifier`), and the refusal of an --init that pretraining takes
-and fine-tuning does not (`refuse_other_families`), and what a --max-seq-len past the positions pretraining
+classification head, fresh or kept (`init_classifier`), the refusal of an --init fine-tuning cannot start
+from (`checkpoint_to_start_from`: a file, an ELECTRA generator) and of one that pretraining takes and
+fine-tuning does not (`refuse_other_families`), and what a --max-seq-len past the positions pretraining
 trained leaves untrained (`untrained_positions`). --qat against an init's int8 ranges is start.py's, where
 the options are resolved."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,7 +26,7 @@ ARCH = "ElectraForSequenceClassification"
 def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassification, Path, list[str]]:
     """The model to fine-tune, its source directory, and notes on what was kept and what starts fresh."""
     K = 1 if data.problem_type == REGRESSION else len(data.labels)
-    _refuse_a_runs_generator(init)
+    checkpoint_to_start_from(init)  # refused before its weights are read
     model, cfg, src = ckpt.load_model(
         init, architecture=ARCH, num_labels=K, fresh_head=True, given_as="--init"
     )
@@ -67,17 +69,78 @@ def init_classifier(init: str, data: TaskData) -> tuple[ElectraForSequenceClassi
     return model, src, notes
 
 
-def _refuse_a_runs_generator(init: str) -> None:
-    """A CheckpointError for the generator/ of an ELECTRA run's checkpoint: an ElectraForMaskedLM, it was
-    fine-tuned as the encoder, a model a quarter of the discriminator's width, and exported and served so,
-    where pack and export refuse it by name. An MLM run's own checkpoint (--objective mlm) is taken."""
+# What --init takes, for a path that is none of it.
+VALID_INIT = (
+    "give --init a checkpoint directory (config.json beside its weights: a Hugging Face ELECTRA discriminator, "
+    "or a pretraining run's checkpoints/step-N) or a pretraining run's directory"
+)
+
+
+def checkpoint_to_start_from(init: str) -> Path:
+    """The checkpoint directory --init names, or a CheckpointError where fine-tuning cannot start from it:
+    a file (naming the directory that holds it only where that one is a start), or a generator."""
+    path = Path(init)
+    if path.is_file():
+        raise ckpt.CheckpointError(
+            f"{path} is a file, not a checkpoint directory: {_instead_of_a_file(path)}"
+        )
     src = ckpt.resolve_checkpoint(init, "--init")
+    _refuse_a_generator(src)
+    return src
+
+
+def _instead_of_a_file(path: Path) -> str:
+    """What to give instead of a file: the directory holding it where fine-tuning starts from that one. It
+    was suggested whatever the directory held, then refused in turn (a generator, a BERT encoder), or
+    suggested with no config.json in it."""
+    parent = path.parent
+    if not (parent / "config.json").is_file():
+        return f"{parent} holds no config.json either; {VALID_INIT}"
+    try:
+        refuse_other_families(str(parent))
+        checkpoint_to_start_from(str(parent))
+    except (ConfigError, ckpt.CheckpointError) as e:
+        said = str(e).removeprefix("--init: ")
+        return f"the directory that holds it is not one fine-tuning starts from either ({said})"
+    return f"give the directory that holds it, {parent}"
+
+
+def _refuse_a_generator(src: Path) -> None:
+    """A CheckpointError for an ELECTRA generator (an ElectraForMaskedLM): it was fine-tuned as the encoder,
+    a model a quarter of the discriminator's width, and exported and served so, where pack and export refuse
+    it by name. The generator/ of a run's checkpoint points to the checkpoint above; one on its own (a Hugging
+    Face *-generator directory) to the discriminator published beside it. An MLM run's own checkpoint
+    (--objective mlm, whose masked-language model is the encoder it trained) is taken."""
     if ckpt.electra_runs_generator(src):
         raise ckpt.CheckpointError(
             f"{src} is the generator of an ELECTRA run's checkpoint (the small masked-language model that makes "
             f"the replacements), not its discriminator, the encoder fine-tuning starts from: give --init "
             f"{src.parent}, or the run"
         )
+    if ckpt.architecture_of(src, ckpt.read_config_json(src)) != "ElectraForMaskedLM" or _an_mlm_runs(src):
+        return
+    raise ckpt.CheckpointError(
+        f"{src} is an ELECTRA generator (config.json says ElectraForMaskedLM: the small masked-language model "
+        "that makes the replacements during pretraining), not a discriminator, the encoder fine-tuning starts "
+        "from: give --init the discriminator's directory (ElectraForPreTraining), published beside its "
+        "generator as *-discriminator (google/electra-small-discriminator for google/electra-small-generator)"
+    )
+
+
+def _an_mlm_runs(src: Path) -> bool:
+    """Whether `src` is a checkpoint of one of our --objective mlm pretraining runs: its trainer_state.json
+    says so, or the run's config.json two levels up (a checkpoint of checkpoints/)."""
+    saved = [src / "trainer_state.json"]
+    if src.parent.name == "checkpoints":
+        saved.append(src.parent.parent / "config.json")
+    for path in saved:
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(state, dict) and state.get("objective") == "mlm":
+            return True
+    return False
 
 
 def refuse_other_families(init: str) -> None:
