@@ -61,6 +61,9 @@ def test_pairs_encode_as_whole_ones_do_the_longer_text_keeping_the_odd_token(tok
     long = [words(CUT * 2, 2), words(CUT * 2, 9), words(CUT * 3, 3), "a " * CUT + "東京" * 40]
     pairs = [(a, b) for a in long for b in long] + [(a, long[0]) for a in texts()[:16:3]]
     pairs += [(b, a) for a, b in pairs[-6:]]
+    # Short enough to go whole to the tokenizer (8 characters a token in all), truncated or not.
+    short = ["東京都" * 10, words(40, 4), "a " * 30, "short", ""]
+    pairs += [(a, b) for a in short for b in short]
     examples = [Example(a, b, 1) for a, b in pairs]
     got = [(e.ids, e.type_ids, e.truncated) for e in encode(tok, examples, MAX_LEN)]
     assert got == as_tokenizer_gives(tok, examples)
@@ -146,58 +149,3 @@ def test_a_bar_told_not_to_stay_still_ends_with_its_line_in_a_log(capsys):
     with progress_bar(total=30, desc="dev evaluation", leave=False) as bar:
         bar.update(30)
     assert capsys.readouterr().err.splitlines()[-1].startswith("dev evaluation: 100%|")
-
-
-def one_at_a_time(tok: Tokenizer, examples: list[Example], max_len: int) -> list[tuple]:
-    """What encode gave when text_heads encoded each text's start on its own: the reference."""
-    counting = tokenizer_copy(tok)
-    heads = [text_heads(counting, ex.text, ex.pair, max_len) for ex in examples]
-    made = tokenizer_copy(tok, max_len).encode_batch([h if p is None else (h, p) for h, p in heads])
-    return [(e.ids, e.type_ids, bool(e.overflowing) or (h, p) != (ex.text, ex.pair))
-            for e, ex, (h, p) in zip(made, examples, heads, strict=True)]  # fmt: skip
-
-
-def test_text_starts_encoded_together_give_the_ids_each_one_encoded_alone_gave(tok, monkeypatch):
-    """The starts text_heads cuts texts by are encoded a group at a time now (on every core): the same ids,
-    type ids and truncated flags, for texts long and short, unspaced and pairs, in groups of any size."""
-    from training.finetuning import batches
-
-    rng = random.Random(5)
-    singles = [*texts(), *(words(rng.randint(1, 6 * CUT), seed) for seed in range(60))]
-    pairs = [(a, b) for a, b in zip(singles[::2], singles[1::2], strict=False)]
-    examples = [Example(t, None, 0) for t in singles] + [Example(a, b, 1) for a, b in pairs]
-    rng.shuffle(examples)
-    for chunk, chars in ((4096, batches.BATCH_CHARS), (13, 3 * CUT), (5, 1)):  # 1: one text a group
-        monkeypatch.setattr(batches, "ENCODE_CHUNK", chunk)
-        monkeypatch.setattr(batches, "BATCH_CHARS", chars)
-        for max_len in (MAX_LEN, MAX_LEN + 1, 64):
-            got = [(e.ids, e.type_ids, e.truncated) for e in encode(tok, examples, max_len)]
-            assert got == one_at_a_time(tok, examples, max_len), (chunk, chars, max_len)
-
-
-def test_texts_are_not_encoded_one_at_a_time(tok, monkeypatch):
-    """text_heads encoded each text's start alone, on one core: 300,000 rows took 45 s. Now texts of words,
-    single or pairs, short or long, are encoded in a batch with the others of their chunk."""
-    from training.finetuning import batches
-
-    class Counting:  # the tokenizer encode makes, counting the texts it encodes alone
-        alone = 0
-
-        def __init__(self, t: Tokenizer) -> None:
-            self.t = t
-
-        def encode(self, *args, **kwargs):
-            Counting.alone += 1
-            return self.t.encode(*args, **kwargs)
-
-        def encode_batch(self, *args, **kwargs):
-            return self.t.encode_batch(*args, **kwargs)
-
-    copy = batches.tokenizer_copy
-    monkeypatch.setattr(batches, "tokenizer_copy", lambda *a: Counting(copy(*a)))
-    # Texts of words, whose first start holds the tokens kept (a start of 120-letter words is tried again).
-    prose = "the film was good, and the acting unbelievably bad! " * 100
-    examples = [Example(prose[:n], None, 0) for n in range(MAX_LEN + 1, len(prose), 37)]
-    examples += [Example(prose[:n], prose[n:], 1) for n in range(MAX_LEN + 1, len(prose), 301)]
-    encode(tok, examples, MAX_LEN)
-    assert Counting.alone == 0, f"{Counting.alone} texts encoded one at a time, for {len(examples)} examples"

@@ -44,6 +44,7 @@ def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, 
     return n, sorted(found)
 
 
+PAIR_CHARS_PER_TOKEN = 8
 # Examples tokenized at a time: a progress bar moves between them (300,000 rows took 45 s without a word).
 ENCODE_CHUNK = 4096
 
@@ -55,7 +56,8 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int, bar=None) 
     out: list[Encoded] = []
     for start in range(0, len(examples), ENCODE_CHUNK):
         chunk = examples[start : start + ENCODE_CHUNK]
-        heads = _heads(counting, chunk, max_seq_len)
+        heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) if _may_be_long(ex, max_seq_len)
+                 else (ex.text, ex.pair) for ex in chunk]  # fmt: skip
         inputs = [text if pair is None else (text, pair) for text, pair in heads]
         out += [
             Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
@@ -66,103 +68,16 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int, bar=None) 
     return out
 
 
-# Characters of the texts text_heads asks for that are encoded together (about 250,000 tokens; a group holds
-# those of its passes): a chunk of long texts made at once would hold all their tokens, at --max-seq-len 512
-# up to 16,384 characters a text.
-BATCH_CHARS = 1 << 20
-# Passes over a group: a pass makes in one batch the text each example's text_heads asked for first among
-# those not made yet. A truncated pair asks in turn for its two starts, both whole texts (which is longer),
-# the starts' lengths and a start cut again (6 passes made every test text). What still asks after these
-# is encoded on its own.
-PASSES = 8
-
-
-def _heads(counting: Tokenizer, chunk: list[Example], max_seq_len: int) -> list[tuple[str, str | None]]:
-    """text_heads of each example, what it encodes made an encode_batch at a time (on every core):
-    text_heads encodes one text at a time, and 300,000 rows took 45 s on one core. The cuts are
-    text_heads' own, made from the same encodings, so the ids are the same."""
-    out: list[tuple[str, str | None]] = []
-    group: list[Example] = []
-    chars = 0
-    for ex in [*chunk, None]:  # None: the end, where the last group is made
-        size = 0 if ex is None else sum(map(len, _first_starts(ex, max_seq_len)))
-        if group and (ex is None or chars + size > BATCH_CHARS):
-            out += _group_heads(counting, group, max_seq_len)
-            group, chars = [], 0
-        if ex is not None:
-            group.append(ex)
-            chars += size
-    return out
-
-
-def _group_heads(counting: Tokenizer, group: list[Example], max_seq_len: int) -> list[tuple[str, str | None]]:
-    """text_heads of each example of `group`, in passes: each runs text_heads on what the earlier ones
-    encoded, and what it asked for that was not there is made for the next in one encode_batch."""
-    known = _Known(counting)
-    known.make([s for ex in group for s in _first_starts(ex, max_seq_len)])
-    heads: list[tuple[str, str | None] | None] = [None] * len(group)
-    todo = list(range(len(group)))
-    for _ in range(PASSES):
-        asked: list[str] = []
-        for i in todo:
-            try:
-                heads[i] = text_heads(known, group[i].text, group[i].pair, max_seq_len)
-            except _Unknown as e:
-                asked.append(e.text)
-        todo = [i for i in todo if heads[i] is None]
-        known.make(_within(asked, BATCH_CHARS))  # the rest asked again in the next pass
-    for i in todo:  # what went on asking (a long text counted in pieces): one text at a time, as before
-        heads[i] = text_heads(counting, group[i].text, group[i].pair, max_seq_len)
-    return heads  # type: ignore[return-value]
-
-
-def _within(texts: list[str], chars: int) -> list[str]:
-    """`texts` (each once) as they come, leaving out those that would take them past `chars` characters."""
-    out, n = [], 0
-    for t in dict.fromkeys(texts):
-        if n + len(t) <= chars:  # one that does not fit waits for a pass with room, not the others
-            out.append(t)
-            n += len(t)
-    return out
-
-
-def _first_starts(ex: Example, max_seq_len: int) -> list[str]:
-    """The starts of a text (and of its pair) that text_heads encodes first: a text longer than
-    --max-seq-len characters is tried at CHARS_PER_TOKEN characters a token. A guess that misses costs a
-    pass, not ids: what text_heads asks for is made then."""
-    texts = [ex.text] if ex.pair is None else [ex.text, ex.pair]
-    return [t[: max(max_seq_len, 1) * CHARS_PER_TOKEN] for t in texts if len(t) > max_seq_len]
-
-
-class _Unknown(Exception):
-    """text_heads asked for a text not made yet (`text`): made for the next pass."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-class _Known:
-    """`counting` as text_heads uses it (encode and encode_batch of one text, no special tokens), answering
-    from encodings made in advance by encode_batch: the same Encoding as encode gives (encode_plain, in
-    app/model/text_heads.py, takes either). A text not made raises _Unknown."""
-
-    def __init__(self, counting: Tokenizer) -> None:
-        self.counting = counting
-        self.made: dict = {}
-
-    def make(self, texts: list[str]) -> None:
-        new = [t for t in dict.fromkeys(texts) if t not in self.made]
-        if new:
-            self.made.update(zip(new, self.counting.encode_batch(new, add_special_tokens=False), strict=True))
-
-    def encode(self, text: str, add_special_tokens: bool = True):
-        assert not add_special_tokens, "text_heads counts a text's own tokens"
-        if text not in self.made:
-            raise _Unknown(text)
-        return self.made[text]
-
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = True) -> list:
-        return [self.encode(t, add_special_tokens) for t in texts]
+def _may_be_long(ex: Example, max_seq_len: int) -> bool:
+    """Whether `ex` may be long enough for the tokenizer's overflow windows to cost (text_heads cuts it to a
+    start first). Cut or whole, the ids kept are the same; the cut is one more encode of the text, a serial
+    one, and was half the time of 300,000 rows of a few hundred characters. A single text of up to
+    CHARS_PER_TOKEN characters a token makes at most that many windows; a pair makes the product of its
+    halves' windows, so it goes whole only up to PAIR_CHARS_PER_TOKEN characters a token in all (at most
+    16 windows of pairs)."""
+    if ex.pair is None:
+        return len(ex.text) > max_seq_len * CHARS_PER_TOKEN
+    return len(ex.text) + len(ex.pair) > max_seq_len * PAIR_CHARS_PER_TOKEN
 
 
 def tokenizer_copy(tok: Tokenizer, max_seq_len: int | None = None) -> Tokenizer:
