@@ -26,6 +26,7 @@ COMMITTED = [
     ("benchmarks.speed.int8_levers", ["--checkpoint", str(REPO), "--out", ENGINE_JSON]),
     ("benchmarks.speed.bf16_lever", ["measure", "--work", str(REPO), "--out", str(RESULTS / "int8/bf16_lever.json")]),
     ("benchmarks.speed.bulk", ["--out", str(RESULTS / "bulk.json")]),
+    ("benchmarks.speed.finetune_tokenizing", ["--out", str(RESULTS / "finetune_tokenizing.json")]),
     ("benchmarks.quality.step_curves", ["--out", str(RESULTS / "step_curves")]),  # its curves.png
     ("benchmarks.quality.int8_sensitivity", ["--checkpoint", str(REPO), "--out", ENGINE_JSON]),
     ("benchmarks.quality.int8_agreement", ["--reference", str(REPO), "--out", ENGINE_JSON]),
