@@ -140,10 +140,8 @@ class ExportConfig:
         gone = [f"--{flag.replace('_', '-')}: {getattr(self, flag)} does not exist"
                 for flag in ("eval_text", "eval_data")
                 if getattr(self, flag) is not None and not Path(getattr(self, flag)).exists()]  # fmt: skip
-        # Found where it is read, after the conversion's minutes, as "Is a directory".
-        if self.eval_text is not None and Path(self.eval_text).is_dir():
-            gone.append(f"--eval-text: {self.eval_text} is a directory; give one file of held-out text, "
-                        "one text a line (.txt, or .txt.gz)")  # fmt: skip
+        if self.eval_text is not None and (problem := _eval_text_problem(Path(self.eval_text))):
+            gone.append(problem)
         if (
             self.calibration_text is not None
             and not options.shortened_path(
@@ -158,6 +156,23 @@ class ExportConfig:
             gone.insert(0, f"CHECKPOINT {self.checkpoint}: no such directory")
         if gone:
             raise ValueError("; ".join(gone))
+
+
+def _eval_text_problem(path: Path) -> str | None:
+    """Why --eval-text cannot be read, or None: found where it is read, after the conversion's minutes, a
+    directory failed as "Is a directory" and a file without read permission as "Permission denied". Only a
+    regular file is opened to try: a pipe (`--eval-text <(zcat held.txt.gz)`) is read once, and opening it
+    here would take its text away from the check."""
+    if path.is_dir():
+        return (f"--eval-text: {path} is a directory; give one file of held-out text, one text a line (.txt, "
+                "or .txt.gz)")  # fmt: skip
+    if not path.is_file():  # gone (named with the others) or a pipe or device, read as it comes
+        return None
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as e:
+        return f"--eval-text: {path} cannot be read ({e.strerror or e}); give a file of held-out text you can read"
 
 
 def unread(cfg: ExportConfig, kind: str | None = None) -> dict[str, tuple[str, str | None]]:

@@ -83,6 +83,27 @@ def optional_path(p: str | None) -> Path | None:
     return Path(p) if p else None
 
 
+def _own_lines(eval_text: Path) -> tuple[str, ...]:
+    """--eval-text's non-blank lines, opened as --calibration-text and pretraining's --corpus open theirs
+    (training/data/corpus_sources.py): a .txt.gz read gunzipped (read as plain bytes it was "not UTF-8"),
+    a byte-order mark dropped, a byte that is not UTF-8 named with its line."""
+    from training.data.corpus_sources import _open_text, _where_not_utf8
+
+    try:
+        with _open_text(eval_text) as f:
+            lines = [ln.strip() for ln in f.read().splitlines()]
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise EvalDataError(
+            f"--eval-text: {eval_text}: not a whole gzip file ({e}); compress it again, or drop .gz"
+        ) from None
+    except UnicodeDecodeError as e:
+        where = _where_not_utf8(eval_text) or f"byte offset {e.start}"
+        raise EvalDataError(f"--eval-text: {eval_text}: {where}; save it as UTF-8") from None
+    except OSError as e:
+        raise EvalDataError(f"--eval-text: {eval_text}: {e.strerror or e}") from None
+    return tuple(ln for ln in lines if ln)
+
+
 def held_out_text(eval_text: Path | None, data_dir: Path | str | None) -> tuple[list[str], str]:
     """(paragraphs, where they came from): --eval-text (one text a line), else WikiText-2 validation.
     Read once per export: the int8 check, the activation ranges and the load-time check all ask."""
@@ -93,22 +114,7 @@ def held_out_text(eval_text: Path | None, data_dir: Path | str | None) -> tuple[
 @functools.lru_cache(maxsize=4)
 def _read_held_out(eval_text: Path | None, data_dir: Path | str | None) -> tuple[tuple[str, ...], str]:
     if eval_text is not None:
-        try:
-            # gzip as --calibration-text and pretraining read it: a .txt.gz was read as bytes that are not UTF-8
-            opener = gzip.open if str(eval_text).endswith(".gz") else open
-            with opener(eval_text, "rt", encoding="utf-8-sig") as f:
-                lines = [ln.strip() for ln in f.read().splitlines()]
-        except (gzip.BadGzipFile, EOFError) as e:
-            raise EvalDataError(
-                f"--eval-text: {eval_text}: not a whole gzip file ({e}); compress it again, or drop .gz"
-            ) from None
-        except UnicodeDecodeError as e:
-            raise EvalDataError(
-                f"--eval-text: {eval_text} is not UTF-8 (byte offset {e.start}); save it as UTF-8"
-            ) from None
-        except OSError as e:
-            raise EvalDataError(f"--eval-text: {eval_text}: {e.strerror or e}") from None
-        return tuple(ln for ln in lines if ln), str(eval_text)
+        return _own_lines(Path(eval_text)), str(eval_text)
     from training.data.corpus import read_corpus
 
     try:

@@ -164,3 +164,35 @@ def test_a_pickle_holding_more_than_tensors_is_named_by_what_it_holds(tmp_path, 
 
     save_file(weights, src / "model.safetensors")
     assert main([str(src), "--out", str(tmp_path / "b"), "--calibrate", "false"]) == 0
+
+
+def test_eval_text_gzipped_not_utf8_names_the_line(tmp_path):
+    """--eval-text is read by the reader --calibration-text and --corpus use: a byte that is not UTF-8 in a
+    .txt.gz is named with its line of the uncompressed text (it was a byte offset alone)."""
+    import gzip
+
+    from export.evaldata import EvalDataError, held_out_text
+
+    bad = tmp_path / "held.txt.gz"
+    with gzip.open(bad, "wb") as f:
+        f.write(b"one text\nanother text\nthe third \xff text\n")
+    with pytest.raises(EvalDataError, match=r"byte 32 of the uncompressed text \(line 3\) is not UTF-8"):
+        held_out_text(bad, None)
+
+
+def test_eval_text_that_cannot_be_read_is_refused_with_the_options(tmp_path, tokenizer_dir):
+    """A file without read permission (met as an ordinary user) failed as "Permission denied" only where it
+    was read, after the conversion: refused with the options, before anything is loaded."""
+    from tests.unprivileged import run_python
+
+    sealed = tmp_path / "held.txt"
+    sealed.write_text("a held-out text\n", encoding="utf-8")
+    sealed.chmod(0o000)
+    code = "import sys; from export.__main__ import main; sys.exit(main(sys.argv[1:]))"
+    try:
+        done = run_python(code, str(tokenizer_dir), "--out", str(tmp_path / "b"), "--eval-text", str(sealed))
+    finally:
+        sealed.chmod(0o644)
+    assert done.returncode == 2, done.stderr
+    assert f"--eval-text: {sealed} cannot be read (Permission denied)" in done.stderr, done.stderr
+    assert "electra-serve export" not in done.stdout
