@@ -104,7 +104,12 @@ SAYS_WHAT_IT_TAKES = [
         "colour",
         "the fields are text, texts, model, threshold, return",
     ),
-    ("/classify", b'{"text": "a", "": 1}', '""', "the fields are text, texts, pairs, model, top_k"),
+    (
+        "/classify",
+        b'{"text": "a", "": 1}',
+        '""',
+        'unknown field `""`; the fields are text, texts, pairs, model, top_k',
+    ),
 ]
 
 

@@ -189,7 +189,7 @@ def from_msgspec(exc: msgspec.DecodeError, kind: type[msgspec.Struct] | None = N
     if unknown:  # name the offending field rather than the object holding it
         name = unknown.group(1) or '""'  # a key "" was reported as the body's fault
         field = f"{field}.{name}" if field else name
-        message = f"Object contains unknown field `{clip(unknown.group(1))}`"
+        message = f"Object contains unknown field `{clip(name)}`"
     if message.startswith("Expected `object`") and not field:
         message = f"request body must be a JSON object: {message}"
     if kind is not None:
