@@ -87,17 +87,17 @@ def _own_lines(eval_text: Path) -> tuple[str, ...]:
     """--eval-text's non-blank lines, opened as --calibration-text and pretraining's --corpus open theirs
     (training/data/corpus_sources.py): a .txt.gz read gunzipped (read as plain bytes it was "not UTF-8"),
     a byte-order mark dropped, a byte that is not UTF-8 named with its line."""
-    from training.data.corpus_sources import _open_text, _where_not_utf8
+    from training.data.corpus_sources import open_text, where_not_utf8
 
     try:
-        with _open_text(eval_text) as f:
+        with open_text(eval_text) as f:
             lines = [ln.strip() for ln in f.read().splitlines()]
     except (gzip.BadGzipFile, EOFError) as e:
         raise EvalDataError(
             f"--eval-text: {eval_text}: not a whole gzip file ({e}); compress it again, or drop .gz"
         ) from None
     except UnicodeDecodeError as e:
-        where = _where_not_utf8(eval_text) or f"byte offset {e.start}"
+        where = where_not_utf8(eval_text) or f"byte offset {e.start}"
         raise EvalDataError(f"--eval-text: {eval_text}: {where}; save it as UTF-8") from None
     except OSError as e:
         raise EvalDataError(f"--eval-text: {eval_text}: {e.strerror or e}") from None

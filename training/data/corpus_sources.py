@@ -45,7 +45,7 @@ class CorpusError(ValueError):
 # --- the user's own text ----------------------------------------------------------------------------
 
 
-def _open_text(path: Path):
+def open_text(path: Path):
     # utf-8-sig, as fine-tuning, bulk and export --eval-text read: an editor's byte-order mark is not text
     # (json.loads refuses it, and in a .txt it was the first document's first character). A file without
     # one reads the same either way, so its documents, and the split their hashes make, do not change.
@@ -85,7 +85,7 @@ def _blank_line_documents(lines: Iterable[str]) -> Iterator[str]:
 
 
 def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
-    with _open_text(path) as f:
+    with open_text(path) as f:
         for lineno, line in enumerate(f, 1):
             # A byte-order mark starting a later line: files joined with cat, each saved with one (Windows
             # tools). It was "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"; bulk reads past it.
@@ -302,11 +302,11 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
             if file.name.endswith(JSONL_SUFFIXES):
                 yield from _jsonl_documents(file, text_field)
             else:
-                with _open_text(file) as f:
+                with open_text(file) as f:
                     yield from _blank_line_documents(f)
         except UnicodeDecodeError as e:
             raise CorpusError(
-                f"{file} is not UTF-8 text: {_where_not_utf8(file) or e.reason}; save it as UTF-8"
+                f"{file} is not UTF-8 text: {where_not_utf8(file) or e.reason}; save it as UTF-8"
             ) from None
         except (gzip.BadGzipFile, EOFError) as e:
             raise CorpusError(
@@ -316,7 +316,7 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
             raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
 
 
-def _where_not_utf8(file: Path) -> str | None:
+def where_not_utf8(file: Path) -> str | None:
     """Where `file` (uncompressed, for a .gz) stops being UTF-8: its byte offset and line, found by reading
     it again as bytes. The text reader's error counts within the chunk it was decoding. None if it now
     reads (changed meanwhile)."""

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from training.data.corpus_sources import _open_text
+from training.data.corpus_sources import open_text
 
 __all__ = ["detokenize_wikitext", "iter_wikitext_articles"]
 
@@ -76,7 +76,7 @@ def iter_wikitext_articles(path: str | os.PathLike[str], *, headings: bool = Fal
     only the text passages and ignore lists, tables, and headers"): a heading is a fragment, not a
     sentence, and ELECTRA's released checkpoints never saw them. ``headings=True`` keeps them as lines.
     """
-    with _open_text(Path(path)) as f:
+    with open_text(Path(path)) as f:
         lines = [line.rstrip("\n") for line in f]
     article: list[str] = []
     for i, line in enumerate(lines):
