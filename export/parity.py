@@ -138,6 +138,17 @@ def _nan_max(a: float, b: float) -> float:
     return float("nan") if a != a or b != b else max(a, b)
 
 
+def non_finite(state: dict[str, torch.Tensor]) -> str | None:
+    """The tensors of `state` holding NaN or inf, as a message names them ("2 tensors (a, b)"; the first five
+    and a count past them), or None. A model with such weights answers NaN, which no parity check or
+    calibration can make right: export and export.recover refuse it before any work."""
+    bad = [name for name, t in state.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if not bad:
+        return None
+    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    return f"{len(bad)} tensor{'s' * (len(bad) > 1)} ({shown})"
+
+
 class TorchReference:
     """The checkpoint's own forward in PyTorch, answering `run` as an ONNX Runtime session does: what a
     bundle is held to. With `simulate`, int8 rounding on (training/quantization.py): the function a

@@ -316,17 +316,13 @@ def _load(cfg: ExportConfig, log) -> _Source:
 def _refuse_non_finite(model, ckpt: Path) -> None:
     """NaN or inf in the weights, refused before any conversion: such a model's probabilities are NaN, which
     no parity check or calibration can make right (it got as far as advice to try the other precision)."""
-    import torch
-
+    from export.parity import non_finite
     from training.errors import CheckpointError
 
-    bad = [name for name, t in model.state_dict().items()
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]  # fmt: skip
-    if bad:
-        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+    if bad := non_finite(model.state_dict()):
         raise CheckpointError(
-            f"{ckpt} has NaN or infinite weights in {len(bad)} tensor{'s' * (len(bad) > 1)} ({shown}): "
-            "the training run diverged or the file is damaged; export a checkpoint from before the divergence"
+            f"{ckpt} has NaN or infinite weights in {bad}: the training run diverged or the file is damaged; "
+            "export a checkpoint from before the divergence"
         )
 
 

@@ -222,6 +222,13 @@ def recover(bundle: Path, out: Path, int8_ranges: bool = True, config: RecoverCo
         mismatch = (ckpt.size_mismatches(e) or [str(e)[:300]])[0]
         raise InputError(f"{bundle}: the graph's tensors are not the sizes of manifest.json's source.config "
                          f"({mismatch}); {_RESTORE}") from None  # fmt: skip
+    from export.parity import non_finite
+
+    # Both sides of the check below answer NaN then, and the recovery was written as passing it.
+    if bad := non_finite(disc.state_dict()):
+        raise InputError(f"{bundle}: model.onnx holds NaN or infinite weights in {bad} (named as the "
+                         "checkpoint names them): the model it was exported from had diverged; recover a bundle "
+                         "exported from a checkpoint before the divergence")  # fmt: skip
     # Before the parity check (seconds): its result could not be written anyway.
     check_room(out, sum(t.numel() * t.element_size() for t in own.values()) + 2**20, "the checkpoint")
     check = _check_against_bundle(disc, lengths, bundle, manifest)
@@ -343,7 +350,7 @@ def _check_against_bundle(disc, lengths, bundle: Path, manifest: dict) -> dict:
         limit = parity.TOLERANCE["fp16"]
     else:
         limit = 1e-3
-    if diff > limit:
+    if not diff <= limit:  # also catches NaN
         raise ValueError(f"{bundle}: the recovered model differs from the bundle by {diff:.2g} (max prob)")
     return {"max_abs_prob_diff": diff, "batches": len(batches), "limit": limit}
 

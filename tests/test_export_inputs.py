@@ -13,9 +13,9 @@ import pytest
 from tests import helpers_models as hm
 
 try:
-    from export_fixtures import tokenizer_dir  # noqa: F401 (fixture)
+    from export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401 (fixture)
 except ImportError:  # tests/ made a package
-    from tests.export_fixtures import tokenizer_dir  # noqa: F401
+    from tests.export_fixtures import detector_dir, export, tokenizer_dir  # noqa: F401
 
 pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -196,3 +196,42 @@ def test_eval_text_that_cannot_be_read_is_refused_with_the_options(tmp_path, tok
     assert done.returncode == 2, done.stderr
     assert f"--eval-text: {sealed} cannot be read (Permission denied)" in done.stderr, done.stderr
     assert "electra-serve export" not in done.stdout
+
+
+def _poison_bundle(bundle, name: str) -> None:
+    """model.onnx's initializer `name` given a NaN, and the manifest's hashes made to match it again: a bundle
+    as an export that took NaN weights (before it refused them) wrote it."""
+    import hashlib
+    import json
+
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(bundle / "model.onnx")
+    (init,) = [i for i in graph.graph.initializer if i.name == name]
+    values = numpy_helper.to_array(init).copy()
+    values.flat[0] = np.nan
+    init.CopyFrom(numpy_helper.from_array(values, name))
+    onnx.save(graph, bundle / "model.onnx")
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    digest = hashlib.sha256((bundle / "model.onnx").read_bytes()).hexdigest()
+    manifest["model_sha256"] = manifest["files"]["model.onnx"] = digest
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def test_recover_refuses_a_bundle_with_nan_weights(tmp_path, detector_dir, capsys):
+    """Such a bundle and the model recovered from it both answer NaN, and their difference, NaN, passed the
+    recovery's check (`nan > limit` is False): a checkpoint of NaN weights was written."""
+    from export.recover import main
+
+    export(detector_dir, tmp_path / "b", precision="fp32", calibrate=False)
+    _poison_bundle(tmp_path / "b", "head.dense_prediction.bias")
+    with pytest.raises(SystemExit) as stop:
+        main([str(tmp_path / "b"), "--out", str(tmp_path / "ckpt")])
+    assert stop.value.code == 2
+    assert (
+        "model.onnx holds NaN or infinite weights in 1 tensor (discriminator_predictions.dense_prediction.bias"
+        in str(stop.value)
+    )
+    assert not (tmp_path / "ckpt").exists()
