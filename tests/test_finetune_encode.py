@@ -149,3 +149,34 @@ def test_a_bar_told_not_to_stay_still_ends_with_its_line_in_a_log(capsys):
     with progress_bar(total=30, desc="dev evaluation", leave=False) as bar:
         bar.update(30)
     assert capsys.readouterr().err.splitlines()[-1].startswith("dev evaluation: 100%|")
+
+
+def cut_every_row(tok: Tokenizer, examples: list[Example], max_len: int) -> list[tuple]:
+    """The reference: text_heads' cut of every row, each text encoded alone, then one batch (as encode
+    was before it sent short texts whole)."""
+    counting = tokenizer_copy(tok)
+    heads = [text_heads(counting, ex.text, ex.pair, max_len) for ex in examples]
+    made = tokenizer_copy(tok, max_len).encode_batch([h if p is None else (h, p) for h, p in heads])
+    return [(e.ids, e.type_ids, bool(e.overflowing) or (h, p) != (ex.text, ex.pair))
+            for e, ex, (h, p) in zip(made, examples, heads, strict=True)]  # fmt: skip
+
+
+def test_real_data_encodes_as_cutting_every_row_did(tok, registry_data):
+    """The registry's labelled sets and WikiText articles, single and paired, short and long, at two
+    lengths: encoded in batches (short texts whole, long ones cut), the ids, type ids and truncated flags
+    are the ones cutting every row one text at a time gave."""
+    from itertools import islice
+
+    from training.data.corpus import read_corpus
+    from training.finetuning.sets import load_labelled
+
+    rows = [text for name in ("rotten_tomatoes", "sms_spam", "trec")
+            for split in load_labelled(name, registry_data).splits.values() for text, _ in split[:800]]  # fmt: skip
+    articles = list(islice(read_corpus("wikitext2", "valid", data_dir=registry_data), 40))
+    singles = rows + articles
+    random.Random(7).shuffle(singles)
+    examples = [Example(t, None, 0) for t in singles]
+    examples += [Example(a, b, 1) for a, b in zip(singles[::2], singles[1::2], strict=False)]
+    for max_len in (MAX_LEN, 128):
+        got = [(e.ids, e.type_ids, e.truncated) for e in encode(tok, examples, max_len)]
+        assert got == cut_every_row(tok, examples, max_len), max_len
