@@ -171,7 +171,7 @@ def test_real_data_encodes_as_cutting_every_row_did(tok, registry_data):
     from training.finetuning.sets import load_labelled
 
     rows = [text for name in ("rotten_tomatoes", "sms_spam", "trec")
-            for split in load_labelled(name, registry_data).splits.values() for text, _ in split[:800]]  # fmt: skip
+            for split in load_labelled(name, registry_data).splits.values() for text, _ in split[:300]]  # fmt: skip
     articles = list(islice(read_corpus("wikitext2", "valid", data_dir=registry_data), 40))
     singles = rows + articles
     random.Random(7).shuffle(singles)
