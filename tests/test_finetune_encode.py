@@ -151,16 +151,6 @@ def test_a_bar_told_not_to_stay_still_ends_with_its_line_in_a_log(capsys):
     assert capsys.readouterr().err.splitlines()[-1].startswith("dev evaluation: 100%|")
 
 
-def cut_every_row(tok: Tokenizer, examples: list[Example], max_len: int) -> list[tuple]:
-    """The reference: text_heads' cut of every row, each text encoded alone, then one batch (as encode
-    was before it sent short texts whole)."""
-    counting = tokenizer_copy(tok)
-    heads = [text_heads(counting, ex.text, ex.pair, max_len) for ex in examples]
-    made = tokenizer_copy(tok, max_len).encode_batch([h if p is None else (h, p) for h, p in heads])
-    return [(e.ids, e.type_ids, bool(e.overflowing) or (h, p) != (ex.text, ex.pair))
-            for e, ex, (h, p) in zip(made, examples, heads, strict=True)]  # fmt: skip
-
-
 def test_real_data_encodes_as_cutting_every_row_did(tok, registry_data):
     """The registry's labelled sets and WikiText articles, single and paired, short and long, at two
     lengths: encoded in batches (short texts whole, long ones cut), the ids, type ids and truncated flags
@@ -177,6 +167,9 @@ def test_real_data_encodes_as_cutting_every_row_did(tok, registry_data):
     random.Random(7).shuffle(singles)
     examples = [Example(t, None, 0) for t in singles]
     examples += [Example(a, b, 1) for a, b in zip(singles[::2], singles[1::2], strict=False)]
+    from benchmarks.speed.finetune_tokenizing import cut_every_row  # the reference: every row cut first
+
     for max_len in (MAX_LEN, 128):
         got = [(e.ids, e.type_ids, e.truncated) for e in encode(tok, examples, max_len)]
-        assert got == cut_every_row(tok, examples, max_len), max_len
+        old = [(e.ids, e.type_ids, e.truncated) for e in cut_every_row(tok, examples, max_len)]
+        assert got == old, max_len

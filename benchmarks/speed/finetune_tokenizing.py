@@ -23,15 +23,11 @@ TOKENIZER = REPO / "models" / "detector" / "tokenizer.json"
 def cut_every_row(tok, examples: list, max_seq_len: int) -> list:
     """encode as it was: text_heads' cut of every row (one serial encode each), then one batch."""
     from app.model.text_heads import text_heads
-    from training.finetuning.batches import Encoded, tokenizer_copy
+    from training.finetuning.batches import encode_heads, tokenizer_copy
 
-    t, counting = tokenizer_copy(tok, max_seq_len), tokenizer_copy(tok)
+    counting = tokenizer_copy(tok)
     heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) for ex in examples]
-    inputs = [text if pair is None else (text, pair) for text, pair in heads]
-    return [
-        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
-        for e, ex, (text, pair) in zip(t.encode_batch(inputs), examples, heads, strict=True)
-    ]
+    return encode_heads(tokenizer_copy(tok, max_seq_len), examples, heads)
 
 
 def timed(fn, repeats: int) -> tuple[float, list]:

@@ -44,6 +44,8 @@ def typed_special_tokens(tok: Tokenizer, examples: list[Example]) -> tuple[int, 
     return n, sorted(found)
 
 
+# A pair goes to the tokenizer whole up to this many characters a token of --max-seq-len, both texts in all
+# (_may_be_long): its overflow windows are the product of its halves'.
 PAIR_CHARS_PER_TOKEN = 8
 # Examples tokenized at a time: a progress bar moves between them (300,000 rows took 45 s without a word).
 ENCODE_CHUNK = 4096
@@ -58,14 +60,20 @@ def encode(tok: Tokenizer, examples: list[Example], max_seq_len: int, bar=None) 
         chunk = examples[start : start + ENCODE_CHUNK]
         heads = [text_heads(counting, ex.text, ex.pair, max_seq_len) if _may_be_long(ex, max_seq_len)
                  else (ex.text, ex.pair) for ex in chunk]  # fmt: skip
-        inputs = [text if pair is None else (text, pair) for text, pair in heads]
-        out += [
-            Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
-            for e, ex, (text, pair) in zip(t.encode_batch(inputs), chunk, heads, strict=True)
-        ]
+        out += encode_heads(t, chunk, heads)
         if bar is not None:
             bar.update(len(chunk))
     return out
+
+
+def encode_heads(t: Tokenizer, examples: list[Example], heads: list[tuple[str, str | None]]) -> list[Encoded]:
+    """`examples` encoded in one batch by `t` (truncating: tokenizer_copy's) from `heads`, each example's
+    texts or the starts of them text_heads cut; truncated where tokens were left over or a start was cut."""
+    inputs = [text if pair is None else (text, pair) for text, pair in heads]
+    return [
+        Encoded(e.ids, e.type_ids, ex.label, len(e.overflowing) > 0 or (text, pair) != (ex.text, ex.pair))
+        for e, ex, (text, pair) in zip(t.encode_batch(inputs), examples, heads, strict=True)
+    ]
 
 
 def _may_be_long(ex: Example, max_seq_len: int) -> bool:
