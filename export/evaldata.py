@@ -9,7 +9,6 @@ which is easier to detect than a generator's samples; the manifest says which on
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,20 +86,13 @@ def _own_lines(eval_text: Path) -> tuple[str, ...]:
     """--eval-text's non-blank lines, opened as --calibration-text and pretraining's --corpus open theirs
     (training/data/corpus_sources.py): a .txt.gz read gunzipped (read as plain bytes it was "not UTF-8"),
     a byte-order mark dropped, a byte that is not UTF-8 named with its line."""
-    from training.data.corpus_sources import open_text, where_not_utf8
+    from training.data.corpus_sources import CorpusError, open_text, reading
 
     try:
-        with open_text(eval_text) as f:
+        with reading(eval_text), open_text(eval_text) as f:
             lines = [ln.strip() for ln in f.read().splitlines()]
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise EvalDataError(
-            f"--eval-text: {eval_text}: not a whole gzip file ({e}); compress it again, or drop .gz"
-        ) from None
-    except UnicodeDecodeError as e:
-        where = where_not_utf8(eval_text) or f"byte offset {e.start}"
-        raise EvalDataError(f"--eval-text: {eval_text}: {where}; save it as UTF-8") from None
-    except OSError as e:
-        raise EvalDataError(f"--eval-text: {eval_text}: {e.strerror or e}") from None
+    except CorpusError as e:
+        raise EvalDataError(f"--eval-text: {e}") from None
     return tuple(ln for ln in lines if ln)
 
 

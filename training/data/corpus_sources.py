@@ -10,6 +10,7 @@ the options' checks of a --corpus (training/pretraining/config.py) need only thi
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import json
 import os
@@ -298,25 +299,32 @@ def iter_text_documents(path: str | os.PathLike[str], *, text_field: str = "text
     tokenizer keeps (only zero-width or control characters: _has_text) is left out, as a blank one is.
     """
     for file in _corpus_files(Path(path).expanduser()):
-        try:
+        with reading(file):
             if file.name.endswith(JSONL_SUFFIXES):
                 yield from _jsonl_documents(file, text_field)
             else:
                 with open_text(file) as f:
                     yield from _blank_line_documents(f)
-        except UnicodeDecodeError as e:
-            raise CorpusError(
-                f"{file} is not UTF-8 text: {where_not_utf8(file) or e.reason}; save it as UTF-8"
-            ) from None
-        except (gzip.BadGzipFile, EOFError) as e:
-            raise CorpusError(
-                f"{file}: not a whole gzip file ({e}); compress it again, or drop .gz"
-            ) from None
-        except OSError as e:
-            raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
 
 
-def where_not_utf8(file: Path) -> str | None:
+@contextlib.contextmanager
+def reading(file: Path) -> Iterator[None]:
+    """What reading the user's text `file` (open_text) fails with, as a CorpusError naming the file and
+    what to do: text that is not UTF-8 (where), a cut gzip file, one that cannot be read. Pretraining's
+    corpus and export's --eval-text read through it."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise CorpusError(
+            f"{file} is not UTF-8 text: {_where_not_utf8(file) or e.reason}; save it as UTF-8"
+        ) from None
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise CorpusError(f"{file}: not a whole gzip file ({e}); compress it again, or drop .gz") from None
+    except OSError as e:
+        raise CorpusError(f"{file}: cannot be read ({e.strerror or e})") from None
+
+
+def _where_not_utf8(file: Path) -> str | None:
     """Where `file` (uncompressed, for a .gz) stops being UTF-8: its byte offset and line, found by reading
     it again as bytes. The text reader's error counts within the chunk it was decoding. None if it now
     reads (changed meanwhile)."""
