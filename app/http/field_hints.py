@@ -4,15 +4,18 @@ had to look the API up to fix a typo."""
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import msgspec.inspect as mi
 
 
 def allowed(kind: type[msgspec.Struct], field: str, message: str) -> str:
     """What to add to `message` (msgspec's, about `field` of a `kind` body): "" when nothing."""
+    names, taken_by = _fields(kind)
     if message.startswith("Object contains unknown field") and "." not in field:
-        return "; the fields are " + ", ".join(f.encode_name for f in msgspec.structs.fields(kind))
-    taken = _taken(kind, field)
+        return "; the fields are " + names
+    taken = taken_by.get(field)
     if isinstance(taken, mi.LiteralType) and message.startswith("Invalid enum value"):
         return "; expected one of " + ", ".join(map(str, sorted(taken.values)))
     if isinstance(taken, mi.FloatType | mi.IntType) and message == "Number out of range":
@@ -23,14 +26,16 @@ def allowed(kind: type[msgspec.Struct], field: str, message: str) -> str:
     return ""
 
 
-def _taken(kind: type[msgspec.Struct], field: str) -> mi.Type | None:
-    """The type a top-level `field` of `kind` takes, null and annotations aside; None for any other."""
+@functools.cache
+def _fields(kind: type[msgspec.Struct]) -> tuple[str, dict[str, mi.Type]]:
+    """`kind`'s field names, as a message lists them, and the type each top-level field takes (null and
+    annotations aside). Once per request type: reading them is 0.2 ms, on the event loop, at every 422."""
+    taken_by = {}
     for f in mi.type_info(kind).fields:
-        if f.encode_name == field:
-            types = f.type.types if isinstance(f.type, mi.UnionType) else (f.type,)
-            for t in types:
-                while isinstance(t, mi.Metadata):
-                    t = t.type
-                if not isinstance(t, mi.NoneType):
-                    return t
-    return None
+        for t in f.type.types if isinstance(f.type, mi.UnionType) else (f.type,):
+            while isinstance(t, mi.Metadata):
+                t = t.type
+            if not isinstance(t, mi.NoneType):
+                taken_by[f.encode_name] = t
+                break
+    return ", ".join(f.encode_name for f in msgspec.structs.fields(kind)), taken_by
